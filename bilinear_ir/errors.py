@@ -1,0 +1,50 @@
+"""The project's one exception type for bad input (files, records, config values).
+
+`main` turns an `InputError` into exit code 2 and one line on stderr, with no results written.
+"""
+from __future__ import annotations
+
+
+class InputError(ValueError):
+  """Bad input: a malformed file or record, or an invalid config value.
+
+  Build messages with `where(...)` so they name the file, record and field.
+  """
+
+
+def where(file: str | None = None, record: object = None, field: str | None = None) -> str:
+  """Formats a location prefix such as `corpus.jsonl: line 12: field 'text'`.
+
+  Args:
+    file: the file (or config) the problem is in.
+    record: a line number, record id or other locator inside the file.
+    field: the field of the record.
+
+  Returns:
+    `'file: record: field'` with the missing parts left out.
+  """
+  parts = []
+  if file is not None:
+    parts.append(str(file))
+  if record is not None:
+    parts.append(record if isinstance(record, str) else f"record {record}")
+  if field is not None:
+    parts.append(f"field {field!r}")
+  return ": ".join(parts)
+
+
+def input_error(message: str, file: str | None = None, record: object = None,
+                field: str | None = None) -> InputError:
+  """Returns an `InputError` whose text is `where(file, record, field): message`."""
+  prefix = where(file, record, field)
+  return InputError(f"{prefix}: {message}" if prefix else message)
+
+
+def require(condition: bool, message: str, *, file: str | None = "config",
+            field: str | None = None) -> None:
+  """Raises `InputError` (located at `file`/`field`) unless `condition` holds.
+
+  Used to validate config values, e.g. `require(rank > 0, 'must be > 0', field='model.rank')`.
+  """
+  if not condition:
+    raise input_error(message, file=file, field=field)

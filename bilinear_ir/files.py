@@ -1,0 +1,149 @@
+"""File helpers shared by every stage: atomic writes, hashing, safe zip members, safe `.npy` I/O.
+
+Every file the project writes goes through `atomic_write*` (temp file in the same folder, then
+`os.replace`), so an interrupted or failed job never leaves a half-written result.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import posixpath
+import tempfile
+import zipfile
+from typing import Any, Iterator
+
+import numpy as np
+
+from bilinear_ir.errors import input_error
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+  """Yields a temporary path next to `path`; renames it onto `path` if the block succeeds.
+
+  Use for writers that need a file name (matplotlib, np.save, faiss). On error the temporary file
+  is removed and `path` is left untouched.
+  """
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  suffix = os.path.splitext(path)[1]
+  fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
+  os.close(fd)
+  try:
+    yield tmp
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(tmp)
+    raise
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+  """Writes `data` to `path` atomically."""
+  with atomic_path(path) as tmp:
+    with open(tmp, "wb") as f:
+      f.write(data)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+  """Writes UTF-8 `text` to `path` atomically."""
+  atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def to_jsonable(obj: Any) -> Any:
+  """Converts numpy/jax scalars and arrays (recursively) to plain Python for `json`."""
+  if isinstance(obj, dict):
+    return {str(k): to_jsonable(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [to_jsonable(v) for v in obj]
+  if isinstance(obj, (np.generic,)):
+    return obj.item()
+  if hasattr(obj, "__array__") and not isinstance(obj, (str, bytes)):
+    return to_jsonable(np.asarray(obj).tolist())
+  return obj
+
+
+def atomic_write_json(path: str, obj: Any) -> None:
+  """Writes `obj` as indented JSON to `path` atomically (numpy values converted)."""
+  atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
+
+
+def atomic_save_npy(path: str, array: np.ndarray) -> None:
+  """Saves one array as `.npy` atomically (no pickle: object arrays are refused)."""
+  array = np.asarray(array)
+  if array.dtype == object:
+    raise ValueError(f"{path}: refusing to save an object array")
+  with atomic_path(path) as tmp:
+    with open(tmp, "wb") as f:
+      np.save(f, array, allow_pickle=False)
+
+
+def load_npy(path: str, mmap: bool = False) -> np.ndarray:
+  """Loads a `.npy` file without pickle; `mmap=True` memory-maps it read-only."""
+  try:
+    return np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
+  except (ValueError, OSError) as e:
+    raise input_error(f"cannot read as a plain .npy array ({e})", file=path) from e
+
+
+def sha256_bytes(data: bytes) -> str:
+  """Hex SHA-256 of `data`."""
+  return hashlib.sha256(data).hexdigest()
+
+
+def sha256_texts(texts: list[str]) -> str:
+  """Hex SHA-256 of a list of strings (length-prefixed, so boundaries count)."""
+  h = hashlib.sha256()
+  for t in texts:
+    b = t.encode("utf-8")
+    h.update(len(b).to_bytes(8, "little"))
+    h.update(b)
+  return h.hexdigest()
+
+
+def safe_member_name(zip_path: str, name: str) -> str:
+  """Returns the normalised member name, or raises if it could escape its folder.
+
+  Refuses absolute paths, drive letters, backslashes and `..` components.
+  """
+  norm = posixpath.normpath(name)
+  if (name.startswith("/") or "\\" in name or (len(name) > 1 and name[1] == ":")
+      or norm == ".." or norm.startswith("../") or "/../" in f"/{name}/"):
+    raise input_error("member path escapes the archive folder", file=zip_path, record=f"member {name!r}")
+  return norm
+
+
+def read_zip_members(zip_path: str) -> dict[str, bytes]:
+  """Reads every file member of a zip into memory after checking each name for traversal.
+
+  Returns:
+    `{member name: bytes}` for the regular files of the archive.
+  """
+  try:
+    with zipfile.ZipFile(zip_path) as zf:
+      out = {}
+      for info in zf.infolist():
+        name = safe_member_name(zip_path, info.filename)
+        if info.is_dir():
+          continue
+        out[name] = zf.read(info)
+      return out
+  except zipfile.BadZipFile as e:
+    raise input_error(f"not a valid zip file ({e})", file=zip_path) from e
+
+
+def decode_utf8(data: bytes, file: str, record: object = None) -> str:
+  """Decodes UTF-8 (BOM allowed) or raises an `InputError` naming the byte offset."""
+  try:
+    return data.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    raise input_error(f"undecodable bytes at offset {e.start} (not UTF-8)", file=file,
+                      record=record) from e
+
+
+def text_stream(data: bytes, file: str) -> io.StringIO:
+  """Decodes `data` as UTF-8 and returns a text stream over it (for csv/json readers)."""
+  return io.StringIO(decode_utf8(data, file), newline="")

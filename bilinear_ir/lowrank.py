@@ -1,0 +1,129 @@
+"""Low-rank analysis of a bilinear `W` [n, n] (paper 000, section 5).
+
+SVD truncation into factors, the spectrum, Theorem 3's pointwise bound
+`|q^T W d - q^T W_r d| <= sigma_{r+1} |q| |d|`, its tightness witness (`q = u_{r+1}`,
+`d = v_{r+1}`), and rank selection from the spectrum.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from bilinear_ir.errors import require
+
+
+class SVD(NamedTuple):
+  """`W = U diag(S) Vt`: U [n, n], S [n] (descending), Vt [n, n]."""
+  U: jnp.ndarray
+  S: jnp.ndarray
+  Vt: jnp.ndarray
+
+
+def svd(W: jnp.ndarray) -> SVD:
+  """Full SVD of W [n, n] with `jax.numpy.linalg.svd`; singular values descending."""
+  U, S, Vt = jnp.linalg.svd(jnp.asarray(W), full_matrices=True)
+  return SVD(U, S, Vt)
+
+
+def spectrum(W: jnp.ndarray) -> jnp.ndarray:
+  """Singular values of W [n, n], descending: [n]."""
+  return jnp.linalg.svd(jnp.asarray(W), compute_uv=False)
+
+
+def truncate(W: jnp.ndarray, rank: int, decomposition: SVD | None = None
+             ) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Factors of the best rank-r approximation (Eckart-Young-Mirsky): `W_r = P Q^T`.
+
+  Args:
+    W: [n, n].
+    rank: r, 0 <= r <= n.
+    decomposition: `svd(W)` if already computed.
+
+  Returns:
+    P [n, r] = U_r sqrt(S_r) and Q [n, r] = V_r sqrt(S_r), so `P @ Q.T == W_r`.
+  """
+  n = W.shape[0]
+  require(0 <= rank <= n, f"rank must be in [0, {n}], got {rank}", field="rank")
+  U, S, Vt = decomposition if decomposition is not None else svd(W)
+  root = jnp.sqrt(S[:rank])
+  return U[:, :rank] * root[None, :], Vt[:rank, :].T * root[None, :]
+
+
+def truncated(W: jnp.ndarray, rank: int, decomposition: SVD | None = None) -> jnp.ndarray:
+  """The dense best rank-r approximation W_r [n, n]."""
+  P, Q = truncate(W, rank, decomposition)
+  return P @ Q.T
+
+
+def sigma_next(S: jnp.ndarray, rank: int) -> jnp.ndarray:
+  """sigma_{r+1} from the descending spectrum S [n] (0 when r >= n)."""
+  return S[rank] if rank < S.shape[0] else jnp.zeros((), S.dtype)
+
+
+def pointwise_bound(S: jnp.ndarray, rank: int, q: jnp.ndarray, d: jnp.ndarray) -> jnp.ndarray:
+  """Theorem 3's bound `sigma_{r+1} |q| |d|` for paired q [B, n], d [B, n] -> [B]."""
+  return sigma_next(S, rank) * jnp.linalg.norm(q, axis=-1) * jnp.linalg.norm(d, axis=-1)
+
+
+def pointwise_error(W: jnp.ndarray, W_r: jnp.ndarray, q: jnp.ndarray, d: jnp.ndarray
+                    ) -> jnp.ndarray:
+  """`|q^T W d - q^T W_r d|` for paired q [B, n], d [B, n] -> [B]."""
+  return jnp.abs(jnp.einsum("bi,ij,bj->b", q, W - W_r, d))
+
+
+def tightness_witness(decomposition: SVD, rank: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """`(q, d) = (u_{r+1}, v_{r+1})`, unit vectors [n] at which Theorem 3 holds with equality."""
+  U, _, Vt = decomposition
+  return U[:, rank], Vt[rank, :]
+
+
+def select_rank(S: np.ndarray | jnp.ndarray, target: float, criterion: str = "energy") -> int:
+  """Smallest rank meeting `target`, read from the spectrum S [n] (descending).
+
+  Args:
+    S: singular values, descending.
+    target: for "energy", the share of `sum sigma_i^2` to keep (e.g. 0.9); for "bound", the
+      largest allowed `sigma_{r+1} / sigma_1` (Theorem 3's bound relative to the top mode).
+    criterion: "energy" or "bound".
+
+  Returns:
+    r in [0, n].
+  """
+  S = np.asarray(S, np.float64)
+  require(criterion in ("energy", "bound"), f"unknown criterion {criterion!r}", field="criterion")
+  if criterion == "energy":
+    require(0.0 <= target <= 1.0, f"energy target must be in [0, 1], got {target}", field="target")
+    total = float(np.sum(S ** 2))
+    if total == 0.0:
+      return 0
+    kept = np.concatenate([[0.0], np.cumsum(S ** 2)]) / total
+    return int(np.argmax(kept >= target - 1e-12))
+  require(target >= 0.0, f"bound target must be >= 0, got {target}", field="target")
+  if S[0] == 0.0:
+    return 0
+  rel_next = np.concatenate([S / S[0], [0.0]])  # rel_next[r] = sigma_{r+1} / sigma_1
+  return int(np.argmax(rel_next <= target))
+
+
+def lowrank_params(W: jnp.ndarray, rank: int, residual: str = "none") -> dict[str, jnp.ndarray]:
+  """Parameters of the `lowrank` scorer that start from a given W [n, n].
+
+  residual "none": P, Q = `truncate(W, r)`. "identity": factors of `W - I`. "diag": `v = diag(W)`
+  and factors of `W - diag(v)`.
+
+  Returns:
+    `{"P": [n, r], "Q": [n, r]}` (+ `"v": [n]` for "diag").
+  """
+  W = jnp.asarray(W, jnp.float32)
+  require(residual in ("none", "identity", "diag"), f"unknown residual {residual!r}",
+          field="model.residual")
+  params = {}
+  if residual == "identity":
+    W = W - jnp.eye(W.shape[0], dtype=W.dtype)
+  elif residual == "diag":
+    params["v"] = jnp.diagonal(W)
+    W = W - jnp.diag(params["v"])
+  params["P"], params["Q"] = truncate(W, rank)
+  return params

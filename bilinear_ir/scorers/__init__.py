@@ -1,0 +1,10 @@
+"""Similarity scorers: pure Flax Linen modules, picked by name from a registry.
+
+    module = scorers.build("lowrank", dim=384, rank=32, residual="identity")
+    params = scorers.init_params(module, jax.random.key(config.seed))
+    s = module.apply({"params": params}, q, docs, method=module.score_all)   # [B, N]
+"""
+from bilinear_ir.scorers import bilinear, dot  # noqa: F401  (registers the families)
+from bilinear_ir.scorers.registry import build, init_params, names, register
+
+__all__ = ["build", "init_params", "names", "register"]
