@@ -1,0 +1,1 @@
+"""Data: collections (loaders + validation), frozen-encoder embeddings + cache, training batches."""
