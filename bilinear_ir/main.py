@@ -26,6 +26,7 @@ flags.DEFINE_string("workdir", None, "Directory for outputs (results, checkpoint
 # `eval.report.Report`.
 JOBS = {
     "synthetic_agreement": "bilinear_ir.synthetic.agreement:run",
+    "collection_stats": "bilinear_ir.data.loaders:stats_job",
     "train_eval": "bilinear_ir.train.trainer:run",
     "reproduce_table": "bilinear_ir.eval.table:run",
     "lowrank_analysis": "bilinear_ir.eval.lowrank_analysis:run",
