@@ -1,0 +1,140 @@
+"""Training examples and batches: positive (query, doc) pairs plus sampled negatives.
+
+Batches are a pure function of `(seed, step)`, so a resumed run sees exactly the batches an
+uninterrupted one would. They hold row indices only; features (embeddings, token vectors) stay on
+device and are gathered inside the jitted step.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from bilinear_ir.errors import require
+
+
+@dataclasses.dataclass
+class TrainSet:
+  """Positive pairs and negative pools over query rows and doc rows.
+
+  Attributes:
+    pairs: [P, 2] int (query row, doc row) of every judged-relevant pair.
+    num_queries: Q, rows of the query features.
+    num_docs: N, rows of the doc features.
+    hard_negatives: [Q, H] int doc rows per query (e.g. BM25 top-H minus the positives),
+      -1 where a query has fewer; or None.
+  """
+  pairs: np.ndarray
+  num_queries: int
+  num_docs: int
+  hard_negatives: np.ndarray | None = None
+
+  def __post_init__(self):
+    self.pairs = np.asarray(self.pairs, np.int64).reshape(-1, 2)
+    require(len(self.pairs) > 0, "no training pairs (no judged queries in the training split)",
+            field="data.train_split")
+    self._positive_keys = np.unique(self.pairs[:, 0] * self.num_docs + self.pairs[:, 1])
+
+  def is_positive(self, q_rows: np.ndarray, d_rows: np.ndarray) -> np.ndarray:
+    """Elementwise: is doc row `d_rows` judged relevant to query row `q_rows` (broadcasts)."""
+    keys = np.asarray(q_rows, np.int64) * self.num_docs + np.asarray(d_rows, np.int64)
+    return np.isin(keys, self._positive_keys)
+
+
+def hard_negative_pool(trainset_pairs: np.ndarray, ranked_docs: np.ndarray, depth: int
+                       ) -> np.ndarray:
+  """The top-`depth` of each query's ranking with its positives removed.
+
+  Args:
+    trainset_pairs: [P, 2] (query row, doc row) positives.
+    ranked_docs: [Q, K] doc rows per query row, best first (e.g. BM25 top-K).
+    depth: H, how many negatives to keep per query.
+
+  Returns:
+    [Q, H] int doc rows, -1 padded.
+  """
+  positives: dict[int, set[int]] = {}
+  for q, d in np.asarray(trainset_pairs):
+    positives.setdefault(int(q), set()).add(int(d))
+  out = np.full((ranked_docs.shape[0], depth), -1, np.int64)
+  for q in range(ranked_docs.shape[0]):
+    keep = [int(d) for d in ranked_docs[q] if int(d) not in positives.get(q, ())][:depth]
+    out[q, :len(keep)] = keep
+  return out
+
+
+@dataclasses.dataclass
+class Batch:
+  """One training batch of B queries and C = B * (1 + M) candidate docs.
+
+  Attributes:
+    q_rows: [B] query rows.
+    cand_rows: [C] doc rows: the B positives first (query i's positive at column i), then each
+      query's M negatives (query i's at columns B + i*M ... B + i*M + M - 1).
+    mask: [B, C] bool; False where a candidate must not count as a negative for that query
+      (judged relevant to it, a missing negative, or another query's doc when in-batch negatives
+      are off). Column i of row i is True.
+  """
+  q_rows: np.ndarray
+  cand_rows: np.ndarray
+  mask: np.ndarray
+
+
+class BatchSampler:
+  """Deterministic batches: epoch permutations of the pairs from `(seed, epoch)`.
+
+  Args:
+    trainset: the pairs and negative pools.
+    batch_size: B, pairs per step (drop-last within an epoch).
+    hard: negatives per query drawn from `trainset.hard_negatives`.
+    random: negatives per query drawn uniformly from all docs.
+    in_batch: use the other queries' candidates as negatives too.
+    seed: the config seed.
+  """
+
+  def __init__(self, trainset: TrainSet, batch_size: int, hard: int, random: int,
+               in_batch: bool, seed: int):
+    require(batch_size >= 1, f"must be >= 1, got {batch_size}", field="train.batch_size")
+    require(hard >= 0 and random >= 0, "negative counts must be >= 0", field="train.negatives")
+    require(hard == 0 or trainset.hard_negatives is not None,
+            "hard negatives asked for but no pool was built", field="train.hard_negatives")
+    self.trainset = trainset
+    self.batch_size = min(batch_size, len(trainset.pairs))
+    self.hard, self.random, self.in_batch, self.seed = hard, random, in_batch, seed
+    self.steps_per_epoch = len(trainset.pairs) // self.batch_size
+
+  @property
+  def negatives_per_query(self) -> int:
+    """M."""
+    return self.hard + self.random
+
+  def _order(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, 0, epoch]).permutation(len(self.trainset.pairs))
+
+  def batch(self, step: int) -> Batch:
+    """The batch of global step `step` (0-based)."""
+    epoch, k = divmod(step, self.steps_per_epoch)
+    take = self._order(epoch)[k * self.batch_size:(k + 1) * self.batch_size]
+    pairs = self.trainset.pairs[take]
+    q_rows, pos_rows = pairs[:, 0], pairs[:, 1]
+    B, M = len(take), self.negatives_per_query
+    rng = np.random.default_rng([self.seed, 1, step])
+    negs = np.full((B, M), -1, np.int64)
+    if self.hard:
+      pool = self.trainset.hard_negatives[q_rows]  # [B, H]
+      valid = pool >= 0
+      for i in range(B):
+        choices = pool[i][valid[i]]
+        if len(choices):
+          negs[i, :self.hard] = rng.choice(choices, size=self.hard, replace=len(choices) < self.hard)
+    if self.random:
+      negs[:, self.hard:] = rng.integers(0, self.trainset.num_docs, size=(B, self.random))
+    cand = np.concatenate([pos_rows, negs.reshape(-1)])
+    missing = cand < 0
+    cand = np.where(missing, 0, cand)
+    mask = ~self.trainset.is_positive(q_rows[:, None], cand[None, :]) & ~missing[None, :]
+    if not self.in_batch:
+      owner = np.concatenate([np.arange(B), np.repeat(np.arange(B), M)])
+      mask &= owner[None, :] == np.arange(B)[:, None]
+    mask[np.arange(B), np.arange(B)] = True
+    return Batch(q_rows.astype(np.int32), cand.astype(np.int32), mask)

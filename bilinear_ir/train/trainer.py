@@ -1,0 +1,291 @@
+"""The trainer: jitted, data-parallel steps over a device mesh, orbax resume, dev selection.
+
+`fit` trains any scorer of the registry on a `TrainSet` (row indices into query/doc features held
+on device); `run` is the `train_eval` job: one scorer on one collection, trained on the train
+split (minus a dev part used for model selection) and evaluated on the test split.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from bilinear_ir.data.batches import Batch, BatchSampler, TrainSet
+from bilinear_ir.errors import require
+from bilinear_ir.train import losses
+from bilinear_ir.train.checkpoints import Checkpoints
+
+LOSSES = ("softmax", "margin")
+
+
+def train_config() -> ml_collections.ConfigDict:
+  """Every training knob and its meaning.
+
+  Fields:
+    loss: "softmax" (cross entropy of the positive against in-batch + sampled negatives) or
+      "margin" (hinge `max(0, margin - (s_pos - s_neg))` over each query's sampled negatives, the
+      paper's public implementation; its margin is in score units, so it depends on the scale).
+    temperature: softmax temperature (scores / temperature); see `auto_temperature`.
+    auto_temperature: if True, temperature *= the std of the initial scorer's scores of
+      random (query, doc) pairs, making the loss free of the embedding scale.
+    margin: margin of the "margin" loss.
+    batch_size: pairs per step B (a multiple of the device count is used).
+    hard_negatives: negatives per query from the hard pool (BM25 top `hard_depth`).
+    hard_depth: depth of the hard-negative pool.
+    random_negatives: negatives per query drawn uniformly from the corpus.
+    in_batch: other queries' candidates count as negatives.
+    steps: total optimisation steps (0: `epochs` epochs).
+    epochs: used when steps == 0.
+    lr, warmup_steps, end_lr_fraction: AdamW peak learning rate, linear warm-up, cosine decay to
+      `lr * end_lr_fraction`.
+    weight_decay: AdamW decoupled decay (toward 0; usually keep 0 and use `l2_to_init`).
+    l2_to_init: weight of `||params - params_0||^2`, a pull toward the initial (dot-product)
+      similarity.
+    clip_norm: global gradient-norm clipping.
+    eval_every: steps between dev evaluations (model selection keeps the best dev params).
+    select_metric: dev metric that picks the checkpoint.
+    checkpoint_every, keep_checkpoints: orbax cadence and retention.
+  """
+  c = ml_collections.ConfigDict()
+  c.loss = "softmax"
+  c.temperature = 0.05
+  c.auto_temperature = False
+  c.margin = 1.0
+  c.batch_size = 128
+  c.hard_negatives = 1
+  c.hard_depth = 100
+  c.random_negatives = 1
+  c.in_batch = True
+  c.steps = 0
+  c.epochs = 30
+  c.lr = 1e-3
+  c.warmup_steps = 20
+  c.end_lr_fraction = 0.1
+  c.weight_decay = 0.0
+  c.l2_to_init = 0.0
+  c.clip_norm = 1.0
+  c.eval_every = 50
+  c.select_metric = "ndcg@10"
+  c.checkpoint_every = 100
+  c.keep_checkpoints = 2
+  return c
+
+
+def data_mesh() -> jax.sharding.Mesh:
+  """A 1-D mesh over every device, axis "data" (Auto axis type, as jax 0.10 needs)."""
+  return jax.make_mesh((jax.device_count(),), ("data",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
+  """Clip -> AdamW(warm-up + cosine decay), skipping any update whose gradient is not finite."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=cfg.lr, warmup_steps=min(cfg.warmup_steps, total_steps - 1),
+      decay_steps=max(total_steps, 1), end_value=cfg.lr * cfg.end_lr_fraction)
+  tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
+                   optax.adamw(schedule, weight_decay=cfg.weight_decay))
+  return optax.apply_if_finite(tx, max_consecutive_errors=1_000_000)
+
+
+def _as_tuple(feats: Any) -> tuple:
+  return feats if isinstance(feats, tuple) else (feats,)
+
+
+def _gather(feats: Any, rows: jnp.ndarray) -> tuple:
+  return tuple(x[rows] for x in _as_tuple(feats))
+
+
+@dataclasses.dataclass
+class FitResult:
+  """What `fit` returns.
+
+  Attributes:
+    params: the selected params (best dev metric; the last ones when there is no dev set).
+    last_params: params after the final step.
+    history: [{"step", "loss", ...dev metrics}] at each evaluation.
+    best_step: step of the selected params.
+    temperature: the softmax temperature used.
+  """
+  params: Any
+  last_params: Any
+  history: list[dict[str, float]]
+  best_step: int
+  temperature: float
+
+
+def _score_std(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, seed: int) -> float:
+  rng = np.random.default_rng([seed, 2])
+  qa, da = _as_tuple(q_feats), _as_tuple(d_feats)
+  qi = rng.integers(0, qa[0].shape[0], 64)
+  di = rng.integers(0, da[0].shape[0], 256)
+  s = module.apply({"params": params}, *_gather(q_feats, qi), *_gather(d_feats, di),
+                   method=module.score_all)
+  return float(jnp.std(s))
+
+
+def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: TrainSet,
+        cfg: ml_collections.ConfigDict, seed: int,
+        evaluate: Callable[[Any], dict[str, float]] | None = None,
+        checkpoint_dir: str | None = None, log_dir: str | None = None,
+        aux_loss: Callable[[Any, tuple, tuple], jnp.ndarray] | None = None,
+        progress: bool = True, stop_after: int | None = None) -> FitResult:
+  """Trains `module` from `params` and returns the dev-selected params.
+
+  Args:
+    module: a scorer with `score_all(*q, *docs) -> [B, C]`.
+    params: initial params (also the anchor of `l2_to_init`).
+    q_feats: query features, an array [Q, ...] or a tuple of arrays (e.g. tokens, mask).
+    d_feats: doc features [N, ...] (or a tuple), indexed by the rows of `trainset`.
+    trainset: positive pairs and negative pools.
+    cfg: `train_config()`.
+    seed: the config seed (batches).
+    evaluate: params -> {metric: value} on the dev split, or None (then the last params win).
+    checkpoint_dir: orbax directory; an existing checkpoint there is resumed.
+    log_dir: TensorBoard scalars (loss, norms, dev metrics) go here (process 0 only).
+    aux_loss: optional `(params, q, docs) -> scalar` added to the loss (e.g. MoL's L_MI).
+    progress: show a tqdm bar.
+    stop_after: stop (after checkpointing) once this step is reached, as if the run was killed
+      there; for tests of resumption.
+  """
+  require(cfg.loss in LOSSES, f"must be one of {LOSSES}, got {cfg.loss!r}", field="train.loss")
+  require(cfg.temperature > 0, f"must be > 0, got {cfg.temperature}", field="train.temperature")
+  mesh = data_mesh()
+  ndev = mesh.devices.size
+  batch_size = max(ndev, (min(cfg.batch_size, len(trainset.pairs)) // ndev) * ndev)
+  sampler = BatchSampler(trainset, batch_size, cfg.hard_negatives, cfg.random_negatives,
+                         cfg.in_batch, seed)
+  require(sampler.batch_size % ndev == 0,
+          f"{len(trainset.pairs)} training pairs cannot fill a batch on {ndev} devices",
+          field="train.batch_size")
+  total = cfg.steps if cfg.steps > 0 else cfg.epochs * sampler.steps_per_epoch
+  require(total >= 1, "no training steps (set train.steps or train.epochs)", field="train.steps")
+  temperature = float(cfg.temperature)
+  if cfg.loss == "softmax" and cfg.auto_temperature:
+    temperature *= _score_std(module, params, q_feats, d_feats, seed)
+
+  repl = NamedSharding(mesh, P())
+  q_feats = jax.device_put(q_feats, repl)
+  d_feats = jax.device_put(d_feats, repl)
+  params0 = jax.device_put(params, repl)
+  tx = make_optimizer(cfg, total)
+  B, M = sampler.batch_size, sampler.negatives_per_query
+
+  def loss_fn(p, q_rows, cand_rows, mask):
+    q, docs = _gather(q_feats, q_rows), _gather(d_feats, cand_rows)
+    scores = module.apply({"params": p}, *q, *docs, method=module.score_all)  # [B, C]
+    if cfg.loss == "softmax":
+      loss = losses.softmax_cross_entropy(scores, jnp.arange(scores.shape[0]), mask, temperature)
+    else:
+      pos = jnp.diagonal(scores[:, :B])
+      rows = jnp.arange(scores.shape[0])[:, None]
+      if M:
+        cols = B + rows * M + jnp.arange(M)[None, :]
+        neg, valid = scores[rows, cols], mask[rows, cols]
+      else:
+        neg, valid = scores, mask & (jnp.arange(scores.shape[1])[None, :] != rows)
+      hinge = jax.nn.relu(cfg.margin - (pos[:, None] - neg))
+      loss = jnp.sum(jnp.where(valid, hinge, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+    if cfg.l2_to_init:
+      loss += cfg.l2_to_init * sum(jnp.sum((a - b) ** 2) for a, b in zip(
+          jax.tree.leaves(p), jax.tree.leaves(params0)))
+    if aux_loss is not None:
+      loss += aux_loss(p, q, docs)
+    return loss
+
+  batch_sh = (NamedSharding(mesh, P("data")), repl, NamedSharding(mesh, P("data", None)))
+
+  def train_step(state, q_rows, cand_rows, mask):
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"], q_rows, cand_rows, mask)
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
+           "step": state["step"] + 1}
+    stats = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+             "param_norm": optax.tree.norm(new["params"])}
+    return new, stats
+
+  train_step = jax.jit(train_step, donate_argnums=(0,))
+  # The state is donated to each step, so it must not share buffers with params0 / best.
+  state = {"params": jax.tree.map(jnp.copy, params0), "opt_state": tx.init(params0),
+           "step": jnp.zeros((), jnp.int32)}
+  best = {"params": params0}
+  record = {"step": 0, "best_step": 0, "best_metric": None, "history": []}
+  ckpt = None
+  if checkpoint_dir:
+    ckpt = Checkpoints(checkpoint_dir, cfg.checkpoint_every, cfg.keep_checkpoints)
+    restored = ckpt.restore({"state": state, "best": best})
+    if restored is not None:
+      tree, record = restored
+      state, best = jax.device_put(tree["state"], repl), jax.device_put(tree["best"], repl)
+  writer = _writer(log_dir)
+
+  def evaluate_now(step, loss_value):
+    entry = {"step": step, "loss": loss_value}
+    if evaluate is not None:
+      metrics = evaluate(state["params"])
+      entry.update(metrics)
+      value = metrics[cfg.select_metric]
+      if record["best_metric"] is None or value > record["best_metric"]:
+        record["best_metric"], record["best_step"] = float(value), step
+        best["params"] = jax.tree.map(jnp.copy, state["params"])
+      if writer:
+        for k, v in metrics.items():
+          writer.add_scalar(f"dev/{k}", v, step)
+    record["history"].append(entry)
+
+  start = int(record["step"])
+  if start == 0 and evaluate is not None and not record["history"]:
+    evaluate_now(0, float("nan"))
+  bar = _progress(total, start, progress)
+  stats = None
+  for step in range(start, total):
+    batch: Batch = sampler.batch(step)
+    args = [jax.device_put(a, s) for a, s in zip((batch.q_rows, batch.cand_rows, batch.mask),
+                                                  batch_sh)]
+    state, stats = train_step(state, *args)
+    done = step + 1
+    if bar is not None:
+      bar.update(1)
+    if writer and (done % 10 == 0 or done == total):
+      for k, v in stats.items():
+        writer.add_scalar(f"train/{k}", float(v), done)
+    if done % cfg.eval_every == 0 or done == total:
+      evaluate_now(done, float(stats["loss"]))
+    record["step"] = done
+    if ckpt is not None:
+      ckpt.maybe_save(done, {"state": state, "best": best}, record, force=done == total)
+    if stop_after is not None and done >= stop_after:
+      break
+  if bar is not None:
+    bar.close()
+  if writer:
+    writer.close()
+  if ckpt is not None:
+    ckpt.close()
+  selected = best["params"] if evaluate is not None else state["params"]
+  return FitResult(params=selected, last_params=state["params"], history=record["history"],
+                   best_step=int(record["best_step"]) if evaluate is not None else total,
+                   temperature=temperature)
+
+
+def _writer(log_dir: str | None):
+  if not log_dir or jax.process_index() != 0:
+    return None
+  from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  os.makedirs(log_dir, exist_ok=True)
+  return SummaryWriter(log_dir)
+
+
+def _progress(total: int, start: int, enabled: bool):
+  if not enabled or jax.process_index() != 0:
+    return None
+  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm(total=total, initial=start, desc="train", unit="step", leave=False)
