@@ -112,7 +112,8 @@ def safe_member_name(zip_path: str, name: str) -> str:
   norm = posixpath.normpath(name)
   if (name.startswith("/") or "\\" in name or (len(name) > 1 and name[1] == ":")
       or norm == ".." or norm.startswith("../") or "/../" in f"/{name}/"):
-    raise input_error("member path escapes the archive folder", file=zip_path, record=f"member {name!r}")
+    raise input_error("member path escapes the archive folder", file=zip_path,
+                      record=f"member {name!r}", field="name")
   return norm
 
 

@@ -24,6 +24,14 @@ class Collection:
     queries: {qid: text} for the queries of every split.
     qrels: {split: {qid: {doc_id: relevance int}}}.
     source: the file or folder it was read from (for error messages and manifests).
+    candidates: {name: {qid: [doc ids, best first]}} re-ranking candidate lists read from
+      optional files (MS MARCO `top1000.<name>.tsv`); empty when the collection has none.
+      `name` is the file's own name ("dev" for `top1000.dev.tsv`), which need not be a qrels
+      split; every qid and doc id in it is a known query / doc.
+    triples_path: an optional training-triples file (MS MARCO `triples.train.small.tsv`:
+      query, positive passage, negative passage texts), "" when absent. It is tens of GB for
+      the real data, so it is not read here: `data.loaders.msmarco_triples` streams it (for
+      `data.tfds_builder`) and validates each line as it goes.
   """
   name: str
   doc_ids: list[str]
@@ -32,6 +40,8 @@ class Collection:
   queries: dict[str, str]
   qrels: dict[str, dict[str, dict[str, int]]]
   source: str = ""
+  candidates: dict[str, dict[str, list[str]]] = dataclasses.field(default_factory=dict)
+  triples_path: str = ""
 
   @property
   def num_docs(self) -> int:

@@ -1,0 +1,27 @@
+r"""Counts of a collection: docs, queries and qrels per split, mean lengths in words.
+
+The cheapest job that reads data (it validates the whole collection on the way).
+
+  python -m bilinear_ir.main --config=configs/collection_stats.py --workdir=/tmp/stats
+  python -m bilinear_ir.main --config=configs/collection_stats.py:format=beir,path=DIR \
+      --workdir=/tmp/stats
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from bilinear_ir import config_args
+from bilinear_ir.data.config import data_config
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """`arg`: `format=FORMAT,path=PATH` (defaults: the embedded SciFact)."""
+  args = config_args.parse(arg, {"format": "scifact", "path": ""})
+  c = ml_collections.ConfigDict()
+  c.job = "collection_stats"  # bilinear_ir.data.loaders:stats_job
+  c.seed = 0  # unused by this job; every config carries one
+  # Which collection: format "scifact" | "beir" | "msmarco" | "trec"; path "" = embedded SciFact.
+  c.data = data_config()
+  c.data.format = args["format"]
+  c.data.path = args["path"]
+  return c
