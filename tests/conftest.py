@@ -20,3 +20,57 @@ def repo_root() -> str:
 
 def pytest_report_header(config):  # pylint: disable=unused-argument
   return f"jax {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}"
+
+
+TINY_VOCAB = ("[PAD] [UNK] [CLS] [SEP] [MASK] the a of and in to is for with on by was are "
+              "cell cells gene protein cancer risk patients study results increased reduced "
+              "treatment disease effect expression level levels human mice blood brain virus "
+              "infection drug dose trial data model network retrieval query document similarity "
+              "vector matrix rank low high bilinear dot product learned frozen embedding").split()
+
+
+def make_tiny_bert(folder: str, seed: int = 0, hidden: int = 32, layers: int = 2) -> str:
+  """Writes a random tiny BERT (Flax weights, vocab, fast tokenizer) into `folder`."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  os.makedirs(folder, exist_ok=True)
+  vocab = os.path.join(folder, "vocab.txt")
+  with open(vocab, "w", encoding="utf-8") as f:
+    f.write("\n".join(TINY_VOCAB) + "\n")
+  cfg = transformers.BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=hidden,
+                                num_hidden_layers=layers, num_attention_heads=4,
+                                intermediate_size=2 * hidden, max_position_embeddings=128)
+  model = transformers.FlaxBertModel(cfg, seed=seed)
+  model.save_pretrained(folder)
+  transformers.BertTokenizerFast(vocab_file=vocab, do_lower_case=True).save_pretrained(folder)
+  return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> str:
+  """A random tiny BERT model folder shared by the tests of a session."""
+  return make_tiny_bert(str(tmp_path_factory.mktemp("tiny_bert")))
+
+
+def write_beir(folder: str, num_docs: int = 40, num_queries: int = 24, seed: int = 0,
+               splits: tuple = ("train", "test")) -> str:
+  """Writes a small random BEIR-layout collection (corpus, queries, qrels per split)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  words = TINY_VOCAB[5:]
+  os.makedirs(os.path.join(folder, "qrels"), exist_ok=True)
+  with open(os.path.join(folder, "corpus.jsonl"), "w", encoding="utf-8") as f:
+    for i in range(num_docs):
+      text = " ".join(rng.choice(words, size=int(rng.integers(5, 30))))
+      f.write(json.dumps({"_id": f"d{i}", "title": f"doc {i}", "text": text}) + "\n")
+  with open(os.path.join(folder, "queries.jsonl"), "w", encoding="utf-8") as f:
+    for i in range(num_queries):
+      f.write(json.dumps({"_id": f"q{i}", "text": " ".join(rng.choice(words, size=4))}) + "\n")
+  per = np.array_split(np.arange(num_queries), len(splits))
+  for split, qs in zip(splits, per):
+    with open(os.path.join(folder, "qrels", f"{split}.tsv"), "w", encoding="utf-8") as f:
+      f.write("query-id\tcorpus-id\tscore\n")
+      for q in qs:
+        for d in rng.choice(num_docs, size=int(rng.integers(1, 3)), replace=False):
+          f.write(f"q{q}\td{d}\t1\n")
+  return folder

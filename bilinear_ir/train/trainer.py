@@ -289,3 +289,156 @@ def _progress(total: int, start: int, enabled: bool):
     return None
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
   return tqdm(total=total, initial=start, desc="train", unit="step", leave=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The train_eval job: one scorer on one collection.
+
+
+def model_config() -> ml_collections.ConfigDict:
+  """The scorer to train. Only the fields the chosen scorer has are passed to it.
+
+  Fields:
+    scorer: a registry name (dot, wdp, bilinear, lowrank, ...).
+    rank, residual, factor_init: low-rank options (see scorers.bilinear.LowRank).
+  """
+  c = ml_collections.ConfigDict()
+  c.scorer = "bilinear"
+  c.rank = 32
+  c.residual = "none"
+  c.factor_init = "orthogonal"
+  return c
+
+
+def eval_config() -> ml_collections.ConfigDict:
+  """How the test split is ranked and scored.
+
+  Fields:
+    mode: "full" (exact retrieval over the whole corpus) or "rerank" (re-score BM25's top
+      `rerank_depth`, as the bilinear paper's public code does).
+    depth: docs kept per query in "full" mode (the run's depth).
+    rerank_depth: BM25 candidates per query in "rerank" mode.
+    measures: reported measures (bilinear_ir.eval.metrics names).
+  """
+  c = ml_collections.ConfigDict()
+  c.mode = "full"
+  c.depth = 1000
+  c.rerank_depth = 1000
+  c.measures = ("ndcg@10", "mrr@10", "map", "recall@100")
+  return c
+
+
+def build_model(model_cfg: ml_collections.ConfigDict, dim: int) -> nn.Module:
+  """The scorer of `model_cfg` for width `dim`, given only the options it has."""
+  from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.scorers import registry  # pylint: disable=g-import-not-at-top
+  name = model_cfg.scorer
+  if name not in registry.names():
+    return scorers.build(name, dim=dim)  # raises the InputError naming the known scorers
+  fields = {f.name for f in dataclasses.fields(registry._REGISTRY[name])}  # pylint: disable=protected-access
+  options = {k: v for k, v in model_cfg.items() if k in fields and k not in ("dim", "name")}
+  return scorers.build(name, dim=dim, **options)
+
+
+def check_model_config(model_cfg: ml_collections.ConfigDict, dim: int = 8) -> None:
+  """Raises the `InputError` a bad `model` block would raise, before any data is loaded."""
+  from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
+  scorers.init_params(build_model(model_cfg, dim), jax.random.key(0))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
+                       workdir: str | None = None, progress: bool = True) -> dict[str, Any]:
+  """Trains `config.model` on `splitset.train`, selects on `.dev`, evaluates on `.test`.
+
+  Args:
+    config: a train_eval-style config (model, train, eval, seed).
+    prepared: `data.pipeline.Prepared` (collection, embeddings, BM25 rankings).
+    splitset: `data.pipeline.SplitSet`.
+    workdir: checkpoints go to `workdir/checkpoints`, TensorBoard scalars to `workdir/tb`
+      (None: neither).
+    progress: show progress bars.
+
+  Returns:
+    {"metrics": test means, "per_query": ..., "dev": best dev metrics, "history", "best_step",
+     "mode", "params", "run", "temperature"}.
+  """
+  from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.data import pipeline  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.eval import ranking  # pylint: disable=g-import-not-at-top
+  emb = prepared.embeddings
+  module = build_model(config.model, prepared.dim)
+  params = scorers.init_params(module, jax.random.key(config.seed))
+  tcfg, ecfg = config.train, config.eval
+  require(ecfg.mode in ranking.MODES, f"must be one of {ranking.MODES}, got {ecfg.mode!r}",
+          field="eval.mode")
+  ts, train_rows = pipeline.trainset(prepared, splitset.train,
+                                     tcfg.hard_depth if tcfg.hard_negatives else 0)
+  docs = emb.docs
+  doc_ids = prepared.collection.doc_ids
+
+  def evaluate_on(split, p, measures):
+    rows = prepared.query_row_index(split.query_ids)
+    cands = prepared.bm25_idx[rows][:, :ecfg.rerank_depth] if ecfg.mode == "rerank" else None
+    return ranking.evaluate_scorer(module, p, emb.queries[rows], docs, split.query_ids, doc_ids,
+                                   split.qrels, mode=ecfg.mode, depth=ecfg.depth,
+                                   candidates=cands, measures=measures)
+
+  dev_measures = sorted({tcfg.select_metric, "ndcg@10", "mrr@10"})
+  evaluate = None
+  if splitset.dev.query_ids:
+    evaluate = lambda p: evaluate_on(splitset.dev, p, dev_measures)[0]["mean"]
+  has_params = bool(jax.tree.leaves(params))
+  if has_params:
+    result = fit(module, params, emb.queries[train_rows], docs, ts, tcfg, config.seed,
+                 evaluate=evaluate,
+                 checkpoint_dir=os.path.join(workdir, "checkpoints") if workdir else None,
+                 log_dir=os.path.join(workdir, "tb") if workdir else None, progress=progress)
+    params, history, best_step, temperature = (result.params, result.history, result.best_step,
+                                               result.temperature)
+  else:
+    history, best_step, temperature = [], 0, None
+  dev = evaluate(params) if evaluate is not None else {}
+  metrics, run = evaluate_on(splitset.test, params, tuple(ecfg.measures))
+  return {"metrics": metrics["mean"], "per_query": metrics["per_query"], "dev": dev,
+          "history": history, "best_step": best_step, "mode": ecfg.mode, "params": params,
+          "run": run, "temperature": temperature}
+
+
+def run(config: ml_collections.ConfigDict, workdir: str):
+  """The `train_eval` job (see configs/train_eval.py)."""
+  from bilinear_ir.data import pipeline  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.eval import report  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.eval import trec  # pylint: disable=g-import-not-at-top
+  check_model_config(config.model)
+  prepared = pipeline.prepare(config)
+  sets = pipeline.splits(prepared.collection, config.data, config.seed)
+  outs = []
+  for s in sets:
+    sub = os.path.join(workdir, s.name) if len(sets) > 1 else workdir
+    outs.append(train_and_evaluate(config, prepared, s, sub))
+  measures = list(config.eval.measures)
+  header = ["split", "queries"] + measures
+  rows = []
+  if len(sets) == 1:
+    out = outs[0]
+    results = {"metrics": out["metrics"], "mode": out["mode"], "dev": out["dev"],
+               "best_step": out["best_step"], "history": out["history"],
+               "queries": len(sets[0].test.query_ids)}
+    rows.append([sets[0].test.name, len(sets[0].test.query_ids)]
+                + [out["metrics"][m] for m in measures])
+    run_dict = out["run"]
+  else:
+    folds = [{"fold": s.name, "queries": len(s.test.query_ids), "metrics": o["metrics"],
+              "dev": o["dev"], "best_step": o["best_step"]} for s, o in zip(sets, outs)]
+    mean = {m: float(np.mean([o["metrics"][m] for o in outs])) for m in measures}
+    std = {m: float(np.std([o["metrics"][m] for o in outs])) for m in measures}
+    results = {"metrics": mean, "std": std, "mode": outs[0]["mode"], "folds": folds}
+    rows += [[f["fold"], f["queries"]] + [f["metrics"][m] for m in measures] for f in folds]
+    rows.append(["mean", sum(f["queries"] for f in folds)] + [mean[m] for m in measures])
+    rows.append(["std", ""] + [std[m] for m in measures])
+    run_dict = {q: docs for o in outs for q, docs in o["run"].items()}
+  results.update(scorer=config.model.scorer, collection=prepared.collection.name)
+  md = (f"# train_eval: {config.model.scorer} on {prepared.collection.name} "
+        f"({results['mode']} ranking)\n\n" + report.markdown_table(rows, header, digits=4))
+  return report.Report(results=results, markdown=md,
+                       extra_files={"run.trec": trec.run_to_text(run_dict, config.model.scorer)})

@@ -1,0 +1,153 @@
+"""The one path data takes into a training job: collection -> embeddings -> splits -> BM25.
+
+`prepare(config)` loads the collection of `config.data`, its frozen-encoder embeddings
+(`config.encoder`, cached on disk) and the BM25 ranking of every query (`config.bm25`); `splits`
+cuts the judged queries into train / dev / test, or into K cross-validation folds. Jobs take these
+plain arrays and dataclasses, never a loader's internals.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+import numpy as np
+
+from bilinear_ir.data import collection as collection_lib
+from bilinear_ir.data import embeddings as embeddings_lib
+from bilinear_ir.data import loaders
+from bilinear_ir.data.batches import TrainSet, hard_negative_pool
+from bilinear_ir.errors import require
+
+
+def bm25_config() -> ml_collections.ConfigDict:
+  """The project's BM25 (bilinear_ir.fidelity.sparse.BM25) for baselines, negatives, candidates.
+
+  Fields:
+    k1, b, variant: BM25 parameters ("lucene" is bm25s's default scoring).
+    stemmer: "" or a Snowball language ("english") applied after bm25s-style tokenisation.
+    depth: how many BM25 results are kept per query (re-ranking candidates, hard negatives).
+  """
+  c = ml_collections.ConfigDict()
+  c.k1 = 1.5
+  c.b = 0.75
+  c.variant = "lucene"
+  c.stemmer = ""
+  c.depth = 1000
+  return c
+
+
+@dataclasses.dataclass
+class Split:
+  """Queries of one evaluation role and their judgements.
+
+  Attributes:
+    name: "train", "dev", "test" or "fold{k}-..." names.
+    query_ids: [Q_s] sorted query ids.
+    qrels: {qid: {doc_id: rel}} restricted to those queries.
+  """
+  name: str
+  query_ids: list[str]
+  qrels: dict[str, dict[str, int]]
+
+
+@dataclasses.dataclass
+class SplitSet:
+  """One train / dev / test assignment (one fold under cross-validation)."""
+  name: str
+  train: Split
+  dev: Split
+  test: Split
+
+
+@dataclasses.dataclass
+class Prepared:
+  """Everything a training job needs about its data.
+
+  Attributes:
+    collection: the validated collection.
+    embeddings: pooled embeddings (docs [N, n], queries [Q, n], all queries of the collection).
+    bm25_idx: [Q, depth] BM25 doc rows per query row of `embeddings.query_ids`, best first.
+    bm25_scores: [Q, depth] their BM25 scores.
+  """
+  collection: collection_lib.Collection
+  embeddings: embeddings_lib.Embeddings
+  bm25_idx: np.ndarray
+  bm25_scores: np.ndarray
+
+  @property
+  def dim(self) -> int:
+    return int(self.embeddings.docs.shape[1])
+
+  def query_row_index(self, query_ids: list[str]) -> np.ndarray:
+    """[len(query_ids)] rows of those queries in `embeddings.query_ids`."""
+    index = {q: i for i, q in enumerate(self.embeddings.query_ids)}
+    return np.asarray([index[q] for q in query_ids], np.int64)
+
+
+def bm25_ranking(collection: collection_lib.Collection, query_ids: list[str],
+                 cfg: ml_collections.ConfigDict) -> tuple[np.ndarray, np.ndarray]:
+  """BM25 top-`depth` doc rows and scores for each query: ([Q, depth], [Q, depth])."""
+  from bilinear_ir.fidelity import sparse  # pylint: disable=g-import-not-at-top
+  model = sparse.BM25(k1=cfg.k1, b=cfg.b, variant=cfg.variant,
+                      tokenizer=sparse.Tokenizer(kind="bm25s", stemmer=cfg.stemmer))
+  model.fit(collection.doc_strings())
+  depth = min(int(cfg.depth), collection.num_docs)
+  return model.topk([collection.queries[q] for q in query_ids], depth)
+
+
+def prepare(config: ml_collections.ConfigDict, embeddings: bool = True) -> Prepared:
+  """Loads collection, embeddings (unless `embeddings=False`) and BM25 rankings of all queries."""
+  coll = loaders.load(config.data)
+  emb = embeddings_lib.embed_collection(coll, config.encoder) if embeddings else None
+  query_ids = emb.query_ids if emb is not None else sorted(coll.queries)
+  idx, scores = bm25_ranking(coll, query_ids, config.bm25)
+  return Prepared(coll, emb, np.asarray(idx), np.asarray(scores, np.float32))
+
+
+def _split(name: str, qrels: dict[str, dict[str, int]], qids: list[str]) -> Split:
+  return Split(name, sorted(qids), {q: dict(qrels[q]) for q in qids})
+
+
+def splits(coll: collection_lib.Collection, data_cfg: ml_collections.ConfigDict, seed: int
+           ) -> list[SplitSet]:
+  """The train / dev / test assignments of a job.
+
+  Without folds: train = `data.train_split` minus a `dev_fraction` carved out by `seed`, test =
+  `data.split`. With `data.folds = K`: K-fold cross-validation over the queries of `data.split`
+  (train on K - 1 folds minus a dev part, test on the held-out fold).
+  """
+  qrels = coll.qrels
+  if data_cfg.folds and data_cfg.folds > 1:
+    test_qids = coll.split_query_ids(data_cfg.split)
+    out = []
+    for k, (rest, held) in enumerate(collection_lib.kfold(test_qids, data_cfg.folds, seed)):
+      train, dev = collection_lib.split_dev(rest, data_cfg.dev_fraction, seed)
+      q = qrels[data_cfg.split]
+      out.append(SplitSet(f"fold{k}", _split(f"fold{k}-train", q, train),
+                          _split(f"fold{k}-dev", q, dev), _split(f"fold{k}-test", q, held)))
+    return out
+  require(data_cfg.train_split != data_cfg.split,
+          "train and test splits are the same; use data.folds for a single judged split",
+          field="data.split")
+  train_qids = coll.split_query_ids(data_cfg.train_split)
+  test_qids = coll.split_query_ids(data_cfg.split)
+  train, dev = collection_lib.split_dev(train_qids, data_cfg.dev_fraction, seed)
+  q_train = qrels[data_cfg.train_split]
+  return [SplitSet("main", _split("train", q_train, train), _split("dev", q_train, dev),
+                   _split("test", qrels[data_cfg.split], test_qids))]
+
+
+def trainset(prepared: Prepared, split: Split, hard_depth: int) -> tuple[TrainSet, np.ndarray]:
+  """Positive pairs of `split` over (query rows of the split, doc rows) + BM25 hard negatives.
+
+  Returns:
+    (TrainSet over the split's queries in `split.query_ids` order, [Q_s] rows of those queries in
+    `prepared.embeddings.query_ids`).
+  """
+  doc_index = prepared.collection.doc_index()
+  pairs = [(i, doc_index[d]) for i, q in enumerate(split.query_ids)
+           for d, rel in sorted(split.qrels[q].items()) if rel > 0]
+  rows = prepared.query_row_index(split.query_ids)
+  pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
+  pool = hard_negative_pool(pairs, prepared.bm25_idx[rows], hard_depth) if hard_depth else None
+  return TrainSet(pairs, len(split.query_ids), prepared.collection.num_docs, pool), rows

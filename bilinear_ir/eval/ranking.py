@@ -1,0 +1,137 @@
+"""Rank a collection's queries with a trained scorer and evaluate the run.
+
+Two modes, and results say which: "full" ranks the whole corpus (exact top-k through the scorer's
+tables when it has them, chunked brute force through `score_all` otherwise); "rerank" re-scores
+given candidates per query (e.g. BM25's top 1,000, as the bilinear paper's public code does).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bilinear_ir.errors import require
+from bilinear_ir.eval import metrics as metrics_lib
+from bilinear_ir.eval import trec
+from bilinear_ir.scorers.base import TableScorer
+
+MODES = ("full", "rerank")
+DEFAULT_MEASURES = ("ndcg@10", "mrr@10", "map", "recall@100")
+
+
+def _as_tuple(feats: Any) -> tuple:
+  return feats if isinstance(feats, tuple) else (feats,)
+
+
+def _rows(feats: Any, start: int, stop: int) -> tuple:
+  return tuple(x[start:stop] for x in _as_tuple(feats))
+
+
+def _num_rows(feats: Any) -> int:
+  return _as_tuple(feats)[0].shape[0]
+
+
+def score_topk(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, k: int,
+               doc_chunk: int = 8192, query_chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+  """Exact top-k of every query over the whole corpus.
+
+  Args:
+    module, params: a scorer and its params.
+    q_feats: [Q, ...] query features (an array or a tuple such as (tokens, mask)).
+    d_feats: [N, ...] doc features.
+    k: how many docs per query (clipped to N).
+
+  Returns:
+    (idx [Q, k] int doc rows, scores [Q, k] float32), best first, ties to the lower doc row.
+  """
+  from bilinear_ir.retrieval import exact  # pylint: disable=g-import-not-at-top
+  variables = {"params": params}
+  n_docs = _num_rows(d_feats)
+  k = min(k, n_docs)
+  if isinstance(module, TableScorer):
+    dt = jnp.concatenate([module.apply(variables, *_rows(d_feats, s, s + doc_chunk),
+                                       method=module.doc_table)
+                          for s in range(0, n_docs, doc_chunk)])
+    qt = module.apply(variables, *_as_tuple(q_feats), method=module.query_table)
+    res = exact.topk(qt, dt, k)
+    return np.asarray(res.ids), np.asarray(res.scores)
+  score = jax.jit(lambda q, d: module.apply(variables, *q, *d, method=module.score_all))
+  out_idx, out_scores = [], []
+  for qs in range(0, _num_rows(q_feats), query_chunk):
+    q = _rows(q_feats, qs, qs + query_chunk)
+    parts = [np.asarray(score(q, _rows(d_feats, s, s + doc_chunk)))
+             for s in range(0, n_docs, doc_chunk)]
+    scores = np.concatenate(parts, axis=1)
+    res = exact.merge(scores, np.broadcast_to(np.arange(n_docs), scores.shape), k)
+    out_idx.append(np.asarray(res.ids))
+    out_scores.append(np.asarray(res.scores))
+  return np.concatenate(out_idx), np.concatenate(out_scores)
+
+
+def rerank(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, candidates: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
+  """Re-scores each query's candidates and sorts them.
+
+  Args:
+    candidates: [Q, K] doc rows per query (-1 = none).
+
+  Returns:
+    (idx [Q, K], scores [Q, K]) best first; missing candidates last with score -inf.
+  """
+  variables = {"params": params}
+  candidates = np.asarray(candidates)
+  safe = np.where(candidates < 0, 0, candidates)
+
+  @jax.jit
+  def score_rows(q, docs):
+    # q: per-query features [1, ...]; docs: [K, ...] -> [K]
+    return module.apply(variables, *q, *docs, method=module.score_all)[0]
+
+  scores = np.stack([np.asarray(score_rows(_rows(q_feats, i, i + 1),
+                                           tuple(x[safe[i]] for x in _as_tuple(d_feats))))
+                     for i in range(candidates.shape[0])]) if len(candidates) else np.zeros((0, 0))
+  scores = np.where(candidates < 0, -np.inf, scores).astype(np.float32)
+  order = np.lexsort((candidates, -scores), axis=1) if scores.size else np.zeros_like(candidates)
+  return np.take_along_axis(candidates, order, 1), np.take_along_axis(scores, order, 1)
+
+
+def evaluate_run(query_ids: Sequence[str], doc_ids: Sequence[str], idx: np.ndarray,
+                 scores: np.ndarray, qrels: dict[str, dict[str, int]],
+                 measures: Sequence[str] = DEFAULT_MEASURES) -> tuple[dict[str, Any], dict]:
+  """Turns top-k arrays into a run and evaluates it.
+
+  Args:
+    query_ids: [Q] ids of the rows of `idx`.
+    doc_ids: [N] ids of the doc rows.
+    idx, scores: [Q, k] from `score_topk` or `rerank` (-1 rows are dropped).
+    qrels: {qid: {doc_id: rel}} of the evaluated split.
+
+  Returns:
+    (metrics `{"mean": ..., "per_query": ...}` from `eval.metrics.evaluate`, run dict).
+  """
+  run = {}
+  for i, qid in enumerate(query_ids):
+    keep = idx[i] >= 0
+    run[qid] = {doc_ids[j]: float(s) for j, s in zip(idx[i][keep], scores[i][keep])}
+  return metrics_lib.evaluate(qrels, run, list(measures)), run
+
+
+def evaluate_scorer(module: nn.Module, params: Any, q_feats: Any, d_feats: Any,
+                    query_ids: Sequence[str], doc_ids: Sequence[str],
+                    qrels: dict[str, dict[str, int]], mode: str = "full", depth: int = 1000,
+                    candidates: np.ndarray | None = None,
+                    measures: Sequence[str] = DEFAULT_MEASURES) -> tuple[dict[str, Any], dict]:
+  """Ranks (full corpus or re-rank of `candidates`) and evaluates: (metrics, run)."""
+  require(mode in MODES, f"must be one of {MODES}, got {mode!r}", field="eval.mode")
+  if mode == "full":
+    idx, scores = score_topk(module, params, q_feats, d_feats, depth)
+  else:
+    require(candidates is not None, "rerank mode needs candidates", field="eval.mode")
+    idx, scores = rerank(module, params, q_feats, d_feats, candidates)
+  return evaluate_run(query_ids, doc_ids, idx, scores, qrels, measures)
+
+
+__all__ = ["evaluate_run", "evaluate_scorer", "rerank", "score_topk", "trec"]

@@ -1,0 +1,122 @@
+"""The train_eval job end to end through main: outputs, folds, SIGKILL + resume, bad input."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from bilinear_ir.eval import metrics, trec
+from conftest import REPO, write_beir
+
+
+def _cmd(workdir, beir, bert, cache, *extra):
+  return [sys.executable, "-m", "bilinear_ir.main",
+          "--config=configs/train_eval.py:scorer=lowrank,rank=4,residual=identity",
+          f"--workdir={workdir}", "--config.data.format=beir", f"--config.data.path={beir}",
+          f"--config.encoder.model={bert}", f"--config.encoder.cache_dir={cache}",
+          "--config.encoder.max_length=32", "--config.train.batch_size=8",
+          "--config.eval.depth=50", *extra]
+
+
+def _env():
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # one CPU device, as a user runs it
+  env["PYTHONPATH"] = REPO
+  return env
+
+
+@pytest.fixture(scope="module")
+def beir(tmp_path_factory):
+  return write_beir(str(tmp_path_factory.mktemp("beir")), num_docs=60, num_queries=48)
+
+
+def test_train_eval_writes_consistent_results(tmp_path, beir, tiny_bert_dir):
+  w = tmp_path / "w"
+  proc = subprocess.run(_cmd(w, beir, tiny_bert_dir, tmp_path / "cache",
+                             "--config.train.steps=30", "--config.train.eval_every=10"),
+                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  res = json.loads((w / "results.json").read_text())
+  assert res["mode"] == "full" and set(res["metrics"]) == {"ndcg@10", "mrr@10", "map",
+                                                           "recall@100"}
+  assert [h["step"] for h in res["history"]] == [0, 10, 20, 30]
+  # The reported metrics are those of the written run against the collection's test qrels.
+  run = trec.read_run(str(w / "run.trec"))
+  qrels = {}
+  for line in open(os.path.join(beir, "qrels", "test.tsv")).read().splitlines()[1:]:
+    q, d, r = line.split("\t")
+    qrels.setdefault(q, {})[d] = int(r)
+  again = metrics.evaluate(qrels, run, list(res["metrics"]))["mean"]
+  for m, v in res["metrics"].items():
+    assert again[m] == pytest.approx(v, abs=1e-9)
+  assert all(len(docs) == 50 for docs in run.values()) and set(run) == set(qrels)
+  for name in ("config.json", "results.md"):
+    assert (w / name).exists()
+
+
+def test_folds_report_mean_and_std(tmp_path, tiny_bert_dir):
+  beir = write_beir(str(tmp_path / "one_split"), num_docs=50, num_queries=30, seed=3,
+                    splits=("test",))
+  w = tmp_path / "w"
+  proc = subprocess.run(_cmd(w, beir, tiny_bert_dir, tmp_path / "cache",
+                             "--config.data.folds=3", "--config.train.steps=10",
+                             "--config.train.eval_every=5"),
+                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  res = json.loads((w / "results.json").read_text())
+  assert len(res["folds"]) == 3 and sum(f["queries"] for f in res["folds"]) == 30
+  for m in res["metrics"]:
+    vals = [f["metrics"][m] for f in res["folds"]]
+    assert res["metrics"][m] == pytest.approx(np.mean(vals))
+    assert res["std"][m] == pytest.approx(np.std(vals))
+  assert len(trec.read_run(str(w / "run.trec"))) == 30  # every query held out exactly once
+
+
+def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(tmp_path, beir, tiny_bert_dir):
+  extra = ("--config.train.steps=1500", "--config.train.eval_every=250",
+           "--config.train.checkpoint_every=50", "--config.train.hard_negatives=0")
+  cache = tmp_path / "cache"
+  ref = tmp_path / "ref"
+  proc = subprocess.run(_cmd(ref, beir, tiny_bert_dir, cache, *extra), cwd=REPO, env=_env(),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+
+  w = tmp_path / "w"
+  ckpts = w / "checkpoints"
+  p = subprocess.Popen(_cmd(w, beir, tiny_bert_dir, cache, *extra), cwd=REPO, env=_env(),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 300
+  while time.time() < deadline and p.poll() is None:
+    steps = [int(s) for s in os.listdir(ckpts) if s.isdigit()] if ckpts.exists() else []
+    if steps and max(steps) >= 100:
+      break
+    time.sleep(0.05)
+  assert p.poll() is None, "training finished before it could be killed"
+  os.kill(p.pid, signal.SIGKILL)
+  p.wait()
+  assert not (w / "results.json").exists()
+  killed_at = max(int(s) for s in os.listdir(ckpts) if s.isdigit())
+  assert 100 <= killed_at < 1500
+
+  proc = subprocess.run(_cmd(w, beir, tiny_bert_dir, cache, *extra), cwd=REPO, env=_env(),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  got = json.loads((w / "results.json").read_text())
+  want = json.loads((ref / "results.json").read_text())
+  assert got["metrics"] == want["metrics"]
+  assert got["history"] == want["history"] and got["best_step"] == want["best_step"]
+  assert (w / "run.trec").read_text() == (ref / "run.trec").read_text()
+
+
+def test_unknown_scorer_exits_2_without_results(tmp_path, beir, tiny_bert_dir):
+  w = tmp_path / "w"
+  cmd = _cmd(w, beir, tiny_bert_dir, tmp_path / "cache", "--config.model.scorer=cosine_magic")
+  proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and "cosine_magic" in lines[0] and "Traceback" not in proc.stderr
+  assert not (w / "results.json").exists()
