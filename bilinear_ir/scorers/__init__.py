@@ -4,7 +4,8 @@
     params = scorers.init_params(module, jax.random.key(config.seed))
     s = module.apply({"params": params}, q, docs, method=module.score_all)   # [B, N]
 """
-from bilinear_ir.scorers import bilinear, dot  # noqa: F401  (registers the families)
+# Importing the family modules registers their scorers.
+from bilinear_ir.scorers import bilinear, dot, late_interaction, multivector  # noqa: F401
 from bilinear_ir.scorers.registry import build, init_params, names, register
 
 __all__ = ["build", "init_params", "names", "register"]
