@@ -44,3 +44,88 @@ def softmax_cross_entropy(scores: jnp.ndarray, positive: jnp.ndarray,
     logits = jnp.where(mask, logits, -jnp.inf)
   logp = jax.nn.log_softmax(logits, axis=-1)
   return -jnp.mean(jnp.take_along_axis(logp, positive[:, None], axis=-1)[:, 0])
+
+
+# Distillation losses of the LITE paper (appendix A.2). Candidates follow softmax_cross_entropy's
+# layout: [B, C] scores, `positive` [B] the positive's column, optional [B, C] bool mask. The
+# one-hot cross entropy over 1 positive + negatives of its Table 5 is softmax_cross_entropy itself.
+
+
+def kl_distillation_loss(student: jnp.ndarray, teacher: jnp.ndarray,
+                         mask: jnp.ndarray | None = None, temperature: float = 1.0
+                         ) -> jnp.ndarray:
+  """KL(p_teacher || p_student) between softmaxes over each query's candidates (A.2 "KL loss").
+
+  Args:
+    student: [B, C] student scores.
+    teacher: [B, C] teacher scores (e.g. a cross-encoder's), treated as constants.
+    mask: optional [B, C] bool, False for candidates left out of both distributions.
+    temperature: both score sets are divided by it before the softmax (no T^2 factor).
+
+  Returns:
+    scalar mean over queries of `sum_c p_t[c] (log p_t[c] - log p_s[c])`.
+  """
+  s = student / temperature
+  t = jax.lax.stop_gradient(teacher) / temperature
+  if mask is not None:
+    s = jnp.where(mask, s, -jnp.inf)
+    t = jnp.where(mask, t, -jnp.inf)
+  log_ps = jax.nn.log_softmax(s, axis=-1)
+  log_pt = jax.nn.log_softmax(t, axis=-1)
+  terms = jnp.exp(log_pt) * (log_pt - log_ps)
+  if mask is not None:
+    terms = jnp.where(mask, terms, 0.0)
+  return jnp.mean(jnp.sum(terms, axis=-1))
+
+
+def margin_mse_loss(student: jnp.ndarray, teacher: jnp.ndarray, positive: jnp.ndarray,
+                    mask: jnp.ndarray | None = None) -> jnp.ndarray:
+  """Margin MSE (A.2): sum over negatives i of ((t_pos - t_i) - (s_pos - s_i))^2.
+
+  With C = 2 (positive, one negative) this is the triplet form ((t+ - t-) - (s+ - s-))^2; with
+  more columns it is the multi-negative form (a sum, not a mean, over the negatives).
+
+  Args:
+    student: [B, C] student scores.
+    teacher: [B, C] teacher scores, treated as constants.
+    positive: [B] int, the column of each query's positive.
+    mask: optional [B, C] bool, False for candidates that are not negatives of that query.
+
+  Returns:
+    scalar mean over queries.
+  """
+  teacher = jax.lax.stop_gradient(teacher)
+  s_pos = jnp.take_along_axis(student, positive[:, None], axis=-1)
+  t_pos = jnp.take_along_axis(teacher, positive[:, None], axis=-1)
+  sq = jnp.square((t_pos - teacher) - (s_pos - student))
+  negative = jnp.arange(student.shape[-1])[None, :] != positive[:, None]
+  if mask is not None:
+    negative = negative & mask
+  return jnp.mean(jnp.sum(jnp.where(negative, sq, 0.0), axis=-1))
+
+
+def mol_load_balancing_loss(gates: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
+  """MoL's mutual-information load-balancing loss L_MI = -H(p) + H(p | (q, x)) (paper 003, eq. 3).
+
+  `p` is the gate distribution averaged over the (query, item) pairs of the batch (its entropy
+  high = the P logits share the load) and `H(p | (q, x))` the mean per-pair entropy (low = each
+  pair uses few logits). The training loss (eq. 4) is
+  `softmax_cross_entropy(scores, ...) + alpha * mol_load_balancing_loss(gates)`, alpha = 0.001 in
+  the paper (`Mol.mi_weight`), with `scores, gates = Mol.score_all_with_gates(q, docs)` (or
+  `Mol.gates` in the trainer's `aux_loss` hook). Natural log; 0 * log 0 = 0.
+
+  Args:
+    gates: [B, N, P] or [M, P] gating distributions (rows sum to 1).
+    mask: optional [B, N] or [M] bool, False for pairs to leave out (padding).
+
+  Returns:
+    scalar in [-log P, log P].
+  """
+  num_p = gates.shape[-1]
+  g = gates.reshape(-1, num_p)
+  w = jnp.ones(g.shape[:1], g.dtype) if mask is None else mask.reshape(-1).astype(g.dtype)
+  w = w / jnp.maximum(jnp.sum(w), 1.0)
+  tiny = jnp.finfo(g.dtype).tiny
+  neg_entropy = lambda x: jnp.sum(x * jnp.log(jnp.maximum(x, tiny)), axis=-1)  # -H, finite grads
+  p = jnp.sum(w[:, None] * g, axis=0)
+  return neg_entropy(p) - jnp.sum(w * neg_entropy(g))
