@@ -119,13 +119,26 @@ def test_batches_are_deterministic_and_masks_false_negatives():
     assert a.mask[np.arange(4), np.arange(4)].all()
     for i in range(4):
       for c in range(len(a.cand_rows)):
-        if c != i and ts.is_positive(a.q_rows[i], a.cand_rows[c]):
+        relevant = any((a.q_rows[i], a.cand_rows[c]) == tuple(p) for p in pairs)
+        if c != i and relevant:
           assert not a.mask[i, c]
   # Every pair is seen exactly once per epoch (drop-last: 2 steps of 4 = all 8 pairs).
   seen = np.concatenate([s1.batch(s).q_rows for s in (0, 1)])
   assert sorted(seen.tolist()) == sorted(pairs[:, 0].tolist())
   no_inbatch = BatchSampler(ts, 4, hard=1, random=1, in_batch=False, seed=5).batch(0)
   assert no_inbatch.mask.sum(1).max() <= 3  # own positive + own 2 negatives
+
+
+def test_positive_mask_equals_brute_force():
+  rng = np.random.default_rng(0)
+  pairs = np.stack([rng.integers(0, 30, 200), rng.integers(0, 50, 200)], 1)
+  ts = TrainSet(pairs, 30, 50)
+  relevant = {tuple(p) for p in pairs.tolist()}
+  for _ in range(20):
+    q_rows = rng.integers(0, 30, 8)
+    cands = rng.integers(0, 50, 24)  # with repeats
+    want = np.array([[(q, c) in relevant for c in cands.tolist()] for q in q_rows.tolist()])
+    np.testing.assert_array_equal(ts.positive_mask(q_rows, cands), want)
 
 
 def test_bad_training_config_is_an_input_error():

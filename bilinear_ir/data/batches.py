@@ -33,12 +33,30 @@ class TrainSet:
     self.pairs = np.asarray(self.pairs, np.int64).reshape(-1, 2)
     require(len(self.pairs) > 0, "no training pairs (no judged queries in the training split)",
             field="data.train_split")
-    self._positive_keys = np.unique(self.pairs[:, 0] * self.num_docs + self.pairs[:, 1])
+    # Positives per query row, CSR style: docs of row q are _pos_docs[_pos_start[q]:_pos_start[q+1]].
+    order = np.argsort(self.pairs[:, 0], kind="stable")
+    self._pos_docs = self.pairs[order, 1]
+    self._pos_start = np.searchsorted(self.pairs[order, 0], np.arange(self.num_queries + 1))
 
-  def is_positive(self, q_rows: np.ndarray, d_rows: np.ndarray) -> np.ndarray:
-    """Elementwise: is doc row `d_rows` judged relevant to query row `q_rows` (broadcasts)."""
-    keys = np.asarray(q_rows, np.int64) * self.num_docs + np.asarray(d_rows, np.int64)
-    return np.isin(keys, self._positive_keys)
+  def positives(self, q_row: int) -> np.ndarray:
+    """Doc rows judged relevant to query row `q_row`."""
+    return self._pos_docs[self._pos_start[q_row]:self._pos_start[q_row + 1]]
+
+  def positive_mask(self, q_rows: np.ndarray, cand_rows: np.ndarray) -> np.ndarray:
+    """[B, C] bool: is candidate doc `cand_rows[c]` judged relevant to query `q_rows[b]`.
+
+    Costs O(C log C + positives of the batch), independent of the number of pairs.
+    """
+    out = np.zeros((len(q_rows), len(cand_rows)), bool)
+    order = np.argsort(cand_rows, kind="stable")
+    sorted_cands = np.asarray(cand_rows)[order]
+    for b, q in enumerate(q_rows):
+      docs = self.positives(int(q))
+      lo = np.searchsorted(sorted_cands, docs, "left")
+      hi = np.searchsorted(sorted_cands, docs, "right")
+      for l, h in zip(lo, hi):
+        out[b, order[l:h]] = True
+    return out
 
 
 def hard_negative_pool(trainset_pairs: np.ndarray, ranked_docs: np.ndarray, depth: int
@@ -102,6 +120,7 @@ class BatchSampler:
     self.batch_size = min(batch_size, len(trainset.pairs))
     self.hard, self.random, self.in_batch, self.seed = hard, random, in_batch, seed
     self.steps_per_epoch = len(trainset.pairs) // self.batch_size
+    self._epoch_order: tuple[int, np.ndarray | None] = (-1, None)
 
   @property
   def negatives_per_query(self) -> int:
@@ -109,7 +128,10 @@ class BatchSampler:
     return self.hard + self.random
 
   def _order(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng([self.seed, 0, epoch]).permutation(len(self.trainset.pairs))
+    if self._epoch_order[0] != epoch:
+      self._epoch_order = (epoch, np.random.default_rng([self.seed, 0, epoch]).permutation(
+          len(self.trainset.pairs)))
+    return self._epoch_order[1]
 
   def batch(self, step: int) -> Batch:
     """The batch of global step `step` (0-based)."""
@@ -132,7 +154,7 @@ class BatchSampler:
     cand = np.concatenate([pos_rows, negs.reshape(-1)])
     missing = cand < 0
     cand = np.where(missing, 0, cand)
-    mask = ~self.trainset.is_positive(q_rows[:, None], cand[None, :]) & ~missing[None, :]
+    mask = ~self.trainset.positive_mask(q_rows, cand) & ~missing[None, :]
     if not self.in_batch:
       owner = np.concatenate([np.arange(B), np.repeat(np.arange(B), M)])
       mask &= owner[None, :] == np.arange(B)[:, None]

@@ -7,8 +7,9 @@ split (minus a dev part used for model selection) and evaluated on the test spli
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -86,8 +87,14 @@ def data_mesh() -> jax.sharding.Mesh:
                        axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
-  """Clip -> AdamW(warm-up + cosine decay), skipping any update whose gradient is not finite."""
+def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
+  """Clip -> AdamW(warm-up + cosine decay), skipping any update whose gradient is not finite.
+
+  Args:
+    cfg: `train_config()` or a `StepConfig` (fields lr, warmup_steps, end_lr_fraction,
+      weight_decay, clip_norm).
+    total_steps: length of the schedule.
+  """
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=cfg.lr, warmup_steps=min(cfg.warmup_steps, total_steps - 1),
       decay_steps=max(total_steps, 1), end_value=cfg.lr * cfg.end_lr_fraction)
@@ -102,6 +109,75 @@ def _as_tuple(feats: Any) -> tuple:
 
 def _gather(feats: Any, rows: jnp.ndarray) -> tuple:
   return tuple(x[rows] for x in _as_tuple(feats))
+
+
+class StepConfig(NamedTuple):
+  """The hyper-parameters a compiled train step depends on (hashable: a jit static argument)."""
+  loss: str
+  temperature: float
+  margin: float
+  batch_size: int
+  negatives: int
+  l2_to_init: float
+  lr: float
+  warmup_steps: int
+  total_steps: int
+  end_lr_fraction: float
+  weight_decay: float
+  clip_norm: float
+
+
+def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_feats, q_rows,
+          cand_rows, mask) -> jnp.ndarray:
+  """The training loss of one batch: q_rows [B], cand_rows [C], mask [B, C] -> scalar."""
+  q, docs = _gather(q_feats, q_rows), _gather(d_feats, cand_rows)
+  scores = module.apply({"params": p}, *q, *docs, method=module.score_all)  # [B, C]
+  B, M = hp.batch_size, hp.negatives
+  if hp.loss == "softmax":
+    loss = losses.softmax_cross_entropy(scores, jnp.arange(B), mask, hp.temperature)
+  else:
+    pos = jnp.diagonal(scores[:, :B])
+    rows = jnp.arange(B)[:, None]
+    if M:
+      cols = B + rows * M + jnp.arange(M)[None, :]
+      neg, valid = scores[rows, cols], mask[rows, cols]
+    else:
+      neg, valid = scores, mask & (jnp.arange(scores.shape[1])[None, :] != rows)
+    hinge = jax.nn.relu(hp.margin - (pos[:, None] - neg))
+    loss = jnp.sum(jnp.where(valid, hinge, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+  if hp.l2_to_init:
+    loss += hp.l2_to_init * sum(jnp.sum((a - b) ** 2) for a, b in zip(
+        jax.tree.leaves(p), jax.tree.leaves(params0)))
+  if aux_loss is not None:
+    loss += aux_loss(p, q, docs)
+  return loss
+
+
+@functools.partial(jax.jit, static_argnames=("module", "hp", "aux_loss"),
+                   donate_argnames=("state",))
+def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, *, module, hp,
+               aux_loss=None):
+  """One optimisation step. Compiled once per (module, hp, aux_loss, shapes), so runs that
+  differ only in seed or data reuse it; features are arguments, never baked-in constants.
+
+  Args:
+    state: {"params", "opt_state", "step"} (donated).
+    params0: the initial params (anchor of `l2_to_init`).
+    q_feats, d_feats: query [Q, ...] / doc [N, ...] features (arrays or tuples of arrays).
+    q_rows [B], cand_rows [C], mask [B, C]: the batch.
+
+  Returns:
+    (new state, {"loss", "grad_norm", "param_norm"}).
+  """
+  tx = make_optimizer(hp, hp.total_steps)
+  loss, grads = jax.value_and_grad(
+      lambda p: _loss(module, hp, aux_loss, p, params0, q_feats, d_feats, q_rows, cand_rows,
+                      mask))(state["params"])
+  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+  new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
+         "step": state["step"] + 1}
+  return new, {"loss": loss, "grad_norm": optax.tree.norm(grads),
+               "param_norm": optax.tree.norm(new["params"])}
 
 
 @dataclasses.dataclass
@@ -176,43 +252,15 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   q_feats = jax.device_put(q_feats, repl)
   d_feats = jax.device_put(d_feats, repl)
   params0 = jax.device_put(params, repl)
-  tx = make_optimizer(cfg, total)
-  B, M = sampler.batch_size, sampler.negatives_per_query
-
-  def loss_fn(p, q_rows, cand_rows, mask):
-    q, docs = _gather(q_feats, q_rows), _gather(d_feats, cand_rows)
-    scores = module.apply({"params": p}, *q, *docs, method=module.score_all)  # [B, C]
-    if cfg.loss == "softmax":
-      loss = losses.softmax_cross_entropy(scores, jnp.arange(scores.shape[0]), mask, temperature)
-    else:
-      pos = jnp.diagonal(scores[:, :B])
-      rows = jnp.arange(scores.shape[0])[:, None]
-      if M:
-        cols = B + rows * M + jnp.arange(M)[None, :]
-        neg, valid = scores[rows, cols], mask[rows, cols]
-      else:
-        neg, valid = scores, mask & (jnp.arange(scores.shape[1])[None, :] != rows)
-      hinge = jax.nn.relu(cfg.margin - (pos[:, None] - neg))
-      loss = jnp.sum(jnp.where(valid, hinge, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
-    if cfg.l2_to_init:
-      loss += cfg.l2_to_init * sum(jnp.sum((a - b) ** 2) for a, b in zip(
-          jax.tree.leaves(p), jax.tree.leaves(params0)))
-    if aux_loss is not None:
-      loss += aux_loss(p, q, docs)
-    return loss
-
+  hp = StepConfig(loss=cfg.loss, temperature=temperature, margin=float(cfg.margin),
+                  batch_size=sampler.batch_size, negatives=sampler.negatives_per_query,
+                  l2_to_init=float(cfg.l2_to_init), lr=float(cfg.lr),
+                  warmup_steps=int(cfg.warmup_steps), total_steps=int(total),
+                  end_lr_fraction=float(cfg.end_lr_fraction),
+                  weight_decay=float(cfg.weight_decay), clip_norm=float(cfg.clip_norm))
+  tx = make_optimizer(hp, total)
   batch_sh = (NamedSharding(mesh, P("data")), repl, NamedSharding(mesh, P("data", None)))
-
-  def train_step(state, q_rows, cand_rows, mask):
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"], q_rows, cand_rows, mask)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
-           "step": state["step"] + 1}
-    stats = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-             "param_norm": optax.tree.norm(new["params"])}
-    return new, stats
-
-  train_step = jax.jit(train_step, donate_argnums=(0,))
+  step_fn = functools.partial(train_step, module=module, hp=hp, aux_loss=aux_loss)
   # The state is donated to each step, so it must not share buffers with params0 / best.
   state = {"params": jax.tree.map(jnp.copy, params0), "opt_state": tx.init(params0),
            "step": jnp.zeros((), jnp.int32)}
@@ -250,7 +298,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     batch: Batch = sampler.batch(step)
     args = [jax.device_put(a, s) for a, s in zip((batch.q_rows, batch.cand_rows, batch.mask),
                                                   batch_sh)]
-    state, stats = train_step(state, *args)
+    state, stats = step_fn(state, params0, q_feats, d_feats, *args)
     done = step + 1
     if bar is not None:
       bar.update(1)
