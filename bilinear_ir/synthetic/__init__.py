@@ -1,0 +1,7 @@
+"""The Structured Agreement Ranking Task (paper 000, section 4).
+
+`task` defines instances, documents, scoring and success (with Wilson intervals); `training` fits
+scorers on it with the margin ranking loss; `feasibility` answers with a linear program whether one
+universal weight vector / matrix solves every critical pair; `agreement.run` is the job
+(`config.job = "synthetic_agreement"`).
+"""
