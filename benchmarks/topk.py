@@ -1,0 +1,273 @@
+"""Exact top-k throughput against FAISS IndexFlatIP, the bare matmul and numpy, on this machine.
+
+    python benchmarks/topk.py                                   # the default cases (minutes)
+    python benchmarks/topk.py --scale 0.01 --repeats 2 --json /tmp/topk.json   # smoke run
+    python benchmarks/topk.py --cases q1000_d200000_n384_k10 --queries 100 --docs 50000
+    python benchmarks/topk.py --devices 2        # our scans sharded over 2 (fake CPU) devices
+    python benchmarks/topk.py --w-path W.npy     # certified case with a trained W [n, n]
+
+Cases (names as in the JSON; sizes follow --queries/--docs/--dim/--k/--scale when given):
+  q1000_d200000_n384_k10          `exact.topk`, the float32 chunked scan.
+  bf16cand_q1000_d200000_n384_k10 `certified.bf16_topk`: bf16 candidate scan + float32 rescoring,
+                                   certified exact (same ids as the float32 scan).
+  bf16_q1000_d200000_n384_k10     `exact.topk` on a bf16 table: approximate; its recall@k against
+                                   float32 is reported (half the table memory).
+  lowrank32_q1000_d200000_n384_k10 rank-32 tables (`lowrank` scorer, r = 32) vs FAISS flat over
+                                   the full 384-wide table on the same queries.
+  q32_d1000000_n384_k10           few queries, many docs; also vs numpy matmul + argpartition.
+  certified_r32_q1000_d200000_n384_k10  `certified.certified_topk` on a random W with spectrum
+                                   sigma_i = decay^i (or --w-path) vs the full-W scan; reports the
+                                   fraction of docs rescored.
+Data: standard normal embeddings from --seed (queries and docs), float32.
+Timing: `time.perf_counter` around the call + `block_until_ready`, one warm-up call, median of
+--repeats runs; tables (doc tables, bf16 copies, FAISS index) are built before timing.
+ratio_vs_faiss = FAISS time / our time (> 1: faster than FAISS); ratio_vs_matmul = our time /
+bare jitted matmul `qt @ dt.T` time of the same shapes (the lower bound of a brute-force scan).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+  p.add_argument("--queries", type=int, default=None, help="queries per case (override)")
+  p.add_argument("--docs", type=int, default=None, help="docs per case (override)")
+  p.add_argument("--dim", type=int, default=None, help="embedding width n (override)")
+  p.add_argument("--k", type=int, default=10, help="results per query")
+  p.add_argument("--rank", type=int, default=32, help="rank of the low-rank / certified cases")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="table dtype of the plain scan cases")
+  p.add_argument("--scale", type=float, default=1.0, help="multiply every doc count (smoke runs)")
+  p.add_argument("--devices", type=int, default=1,
+                 help="shard our scans over this many devices (CPU: fake devices)")
+  p.add_argument("--peers", default="faiss,matmul,numpy", help="peers to time")
+  p.add_argument("--repeats", type=int, default=5, help="timed runs (median)")
+  p.add_argument("--decay", type=float, default=0.7, help="spectrum decay of the certified W")
+  p.add_argument("--w-path", default=None, help=".npy W [n, n] for the certified case")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--json", default=None, help="write the results here")
+  return p.parse_args(argv)
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+if ARGS is not None and ARGS.devices > 1 and "XLA_FLAGS" not in os.environ:
+  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ARGS.devices}"
+
+# jax is imported after XLA_FLAGS is set (--devices).
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bilinear_ir import files, scorers  # noqa: E402
+from bilinear_ir.retrieval import certified, exact, sharded  # noqa: E402
+
+
+def hardware() -> str:
+  """One line: CPU model, cores, jax backend and devices, faiss threads."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  dev = jax.devices()[0]
+  line = (f"{cpu}; {os.cpu_count()} cores; jax {jax.__version__} {dev.platform} "
+          f"({jax.device_count()} x {dev.device_kind})")
+  try:
+    import faiss  # pylint: disable=g-import-not-at-top
+    line += f"; faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads)"
+  except ImportError:
+    line += "; faiss not installed"
+  return line
+
+
+def timed(fn, repeats: int) -> float:
+  """Median milliseconds of `fn()` (results blocked on) after one warm-up call."""
+  jax.block_until_ready(fn())
+  runs = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    runs.append(time.perf_counter() - start)
+  return 1e3 * statistics.median(runs)
+
+
+def recall(found, truth) -> float:
+  """Mean |found_i & truth_i| / k over queries: ids [B, k] each."""
+  found, truth = np.asarray(found), np.asarray(truth)
+  return float(np.mean([len(set(f) & set(t)) / truth.shape[1] for f, t in zip(found, truth)]))
+
+
+class Runner:
+  """Times our method and the peers on one case and prints a line."""
+
+  def __init__(self, args):
+    self.args = args
+    self.peers = {p for p in args.peers.split(",") if p}
+    self.rng = np.random.default_rng(args.seed)
+    self.mesh = sharded.doc_mesh(args.devices) if args.devices > 1 else None
+    self.cases = []
+    self._mm = jax.jit(lambda a, b: a @ b.T)
+
+  def data(self, b: int, n: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    return (self.rng.standard_normal((b, w), dtype=np.float32),
+            self.rng.standard_normal((n, w), dtype=np.float32))
+
+  def scan(self, qt, dt, k):
+    """Our exact scan: one device, or sharded over --devices."""
+    if self.mesh is None:
+      return lambda: exact.topk(qt, dt, k)
+    placed = sharded.shard_rows(dt, self.mesh)
+    n = dt.shape[0]
+    return lambda: sharded.sharded_topk(qt, placed, k, mesh=self.mesh, num_docs=n)
+
+  def faiss_ms(self, q: np.ndarray, d: np.ndarray, k: int) -> float | None:
+    if "faiss" not in self.peers:
+      return None
+    import faiss  # pylint: disable=g-import-not-at-top
+    index = faiss.IndexFlatIP(d.shape[1])
+    index.add(np.ascontiguousarray(d, np.float32))
+    q = np.ascontiguousarray(q, np.float32)
+    return timed(lambda: index.search(q, k), self.args.repeats)
+
+  def matmul_ms(self, qt, dt) -> float | None:
+    if "matmul" not in self.peers:
+      return None
+    return timed(lambda: self._mm(qt, dt), self.args.repeats)
+
+  def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, **extra):
+    case = {"name": name, "queries": b, "docs": n, "dim": w, "k": k, "dtype": dtype,
+            "ms": round(ms, 3), "qps": round(1e3 * b / ms, 1),
+            "ratio_vs_faiss": round(faiss_ms / ms, 3) if faiss_ms else None,
+            "ratio_vs_matmul": round(ms / matmul_ms, 3) if matmul_ms else None,
+            "method": method, "faiss_ms": faiss_ms and round(faiss_ms, 3),
+            "matmul_ms": matmul_ms and round(matmul_ms, 3), **extra}
+    self.cases.append(case)
+    more = " ".join(f"{key}={val}" for key, val in extra.items())
+    print(f"{name:42s} {ms:9.1f} ms {case['qps']:10.1f} q/s  vs faiss "
+          f"{case['ratio_vs_faiss']}  vs matmul {case['ratio_vs_matmul']}  [{method}] {more}",
+          flush=True)
+
+  # ---- cases -----------------------------------------------------------------------------------
+
+  def plain(self, b, n, w, k):
+    q, d = self.data(b, n, w)
+    qj, dj = jnp.asarray(q), jnp.asarray(d)
+    faiss_ms, matmul_ms = self.faiss_ms(q, d, k), self.matmul_ms(qj, dj)
+    tag = f"q{b}_d{n}_n{w}_k{k}"
+    truth = exact.topk(qj, dj, k)
+    if self.args.dtype == "float32":
+      ms = timed(self.scan(qj, dj, k), self.args.repeats)
+      self.record(tag, b, n, w, k, "float32", ms, faiss_ms, matmul_ms, "exact.topk float32 scan")
+    low, norm = certified.bf16_table(dj)
+    fn = lambda: certified.bf16_topk(qj, dj, k, doc_table_bf16=low, max_doc_norm=norm)
+    res = fn()
+    same = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
+    ms = timed(fn, self.args.repeats)
+    self.record("bf16cand_" + tag, b, n, w, k, "float32", ms, faiss_ms, matmul_ms,
+                "certified.bf16_topk (bf16 scan + fp32 rescore, exact)", same_ids_as_fp32=same,
+                mean_rescored=round(float(np.mean(np.asarray(res.rescored))), 2))
+    ql = qj.astype(jnp.bfloat16)
+    ms = timed(self.scan(ql, low, k), self.args.repeats)
+    rec = recall(exact.topk(ql, low, k).ids, truth.ids)
+    self.record("bf16_" + tag, b, n, w, k, "bfloat16", ms, faiss_ms, matmul_ms,
+                "exact.topk on a bf16 table (approximate)", recall_vs_fp32=round(rec, 4))
+
+  def lowrank(self, b, n, w, k, r):
+    q, d = self.data(b, n, w)
+    module = scorers.build("lowrank", dim=w, rank=r)
+    params = scorers.init_params(module, jax.random.key(self.args.seed))
+    v = {"params": params}
+    qt = module.apply(v, jnp.asarray(q), method=module.query_table)
+    dt = jax.block_until_ready(module.apply(v, jnp.asarray(d), method=module.doc_table))
+    faiss_ms = self.faiss_ms(q, d, k)  # the peer: full-width flat index, same queries
+    matmul_ms = self.matmul_ms(qt, dt)
+    ms = timed(self.scan(qt, dt, k), self.args.repeats)
+    self.record(f"lowrank{r}_q{b}_d{n}_n{w}_k{k}", b, n, r, k, "float32", ms, faiss_ms, matmul_ms,
+                f"exact.topk over rank-{r} tables (FAISS peer at width {w})")
+
+  def few_queries(self, b, n, w, k):
+    q, d = self.data(b, n, w)
+    qj, dj = jnp.asarray(q), jnp.asarray(d)
+    faiss_ms, matmul_ms = self.faiss_ms(q, d, k), self.matmul_ms(qj, dj)
+    extra = {}
+    if "numpy" in self.peers:
+      def numpy_topk():
+        s = q @ d.T
+        part = np.argpartition(-s, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(s, part, 1), axis=1, kind="stable")
+        return np.take_along_axis(part, order, 1)
+      np_ms = timed(numpy_topk, self.args.repeats)
+      extra["numpy_ms"] = round(np_ms, 3)
+    ms = timed(self.scan(qj, dj, k), self.args.repeats)
+    if "numpy_ms" in extra:
+      extra["ratio_vs_numpy"] = round(extra["numpy_ms"] / ms, 3)
+    self.record(f"q{b}_d{n}_n{w}_k{k}", b, n, w, k, "float32", ms, faiss_ms, matmul_ms,
+                "exact.topk float32 scan", **extra)
+    low, norm = certified.bf16_table(dj)
+    ms = timed(lambda: certified.bf16_topk(qj, dj, k, doc_table_bf16=low, max_doc_norm=norm),
+               self.args.repeats)
+    self.record(f"bf16cand_q{b}_d{n}_n{w}_k{k}", b, n, w, k, "float32", ms, faiss_ms, matmul_ms,
+                "certified.bf16_topk (exact)", **extra)
+
+  def certified_case(self, b, n, w, k, r):
+    q, d = self.data(b, n, w)
+    if self.args.w_path:
+      W = files.load_npy(self.args.w_path)
+      w = W.shape[0]
+      q, d = self.data(b, n, w)
+      source = f"W from {os.path.basename(self.args.w_path)}"
+    else:
+      u, _ = np.linalg.qr(self.rng.standard_normal((w, w)))
+      v, _ = np.linalg.qr(self.rng.standard_normal((w, w)))
+      W = ((u * self.args.decay ** np.arange(w)) @ v.T).astype(np.float32)
+      source = f"random W, sigma_i = {self.args.decay}^i"
+    index = certified.build_certified(W, d, r)
+    qj, dj = jnp.asarray(q), jnp.asarray(d)
+    qw = jnp.asarray(q) @ jnp.asarray(W)           # full-W query table: s = (q W) . d
+    full_ms = timed(self.scan(qw, dj, k), self.args.repeats)
+    res = certified.certified_topk(index, qj, k)
+    same = bool(np.array_equal(np.asarray(res.ids), np.asarray(exact.topk(qw, dj, k).ids)))
+    ms = timed(lambda: certified.certified_topk(index, qj, k), self.args.repeats)
+    faiss_ms = self.faiss_ms(np.asarray(qw), d, k)
+    matmul_ms = self.matmul_ms(qw, dj)
+    self.record(f"certified_r{r}_q{b}_d{n}_n{w}_k{k}", b, n, w, k, "float32", ms, faiss_ms,
+                matmul_ms, f"certified.certified_topk rank {r} ({source})",
+                fraction_rescored=round(float(np.mean(np.asarray(res.rescored))) / n, 6),
+                speedup_vs_full_w_scan=round(full_ms / ms, 3), full_w_scan_ms=round(full_ms, 3),
+                same_ids_as_full_w=same, sigma_next=index.sigma_next, bound=index.bound)
+
+
+def main(args) -> None:
+  run = Runner(args)
+  print(hardware(), flush=True)
+  size = lambda default: max(args.k, int(round((args.docs or default) * args.scale)))
+  w = args.dim or 384
+  b = args.queries
+  plan = {
+      "q1000_d200000_n384_k10": lambda: run.plain(b or 1000, size(200_000), w, args.k),
+      "lowrank32_q1000_d200000_n384_k10": lambda: run.lowrank(b or 1000, size(200_000), w,
+                                                              args.k, args.rank),
+      "q32_d1000000_n384_k10": lambda: run.few_queries(b or 32, size(1_000_000), w, args.k),
+      "certified_r32_q1000_d200000_n384_k10": lambda: run.certified_case(
+          b or 1000, size(200_000), w, args.k, args.rank),
+  }
+  chosen = [c for c in args.cases.split(",") if c] or list(plan)
+  unknown = set(chosen) - set(plan)
+  if unknown:
+    sys.exit(f"unknown case(s) {sorted(unknown)}; known: {list(plan)}")
+  for name in chosen:
+    plan[name]()
+  if args.json:
+    files.atomic_write_json(args.json, {"hardware": hardware(), "cases": run.cases})
+
+
+if __name__ == "__main__":
+  main(ARGS)

@@ -1,0 +1,11 @@
+"""Retrieval: exact top-k over doc tables (chunked, streamed, sharded, multi-host), the on-disk
+doc index, certified low-rank / low-precision retrieval and FAISS export.
+
+    from bilinear_ir.retrieval import exact
+    res = exact.topk(query_table, doc_table, k=10)   # TopK(scores [B, k], ids [B, k])
+
+Modules: `exact` (chunked scan + running top-k merge, streaming, multi-vector max),
+`sharded` (shard_map over a device mesh; per-process split + merge), `index` (DocIndex: `.npy`
+shards + manifest), `certified` (rank-r scan + Theorem 3 certificate; bf16 scan + float32
+rescoring), `faiss_export` (the only module importing faiss, a dev extra).
+"""

@@ -1,0 +1,436 @@
+"""Exact top-k maximum inner product search over a doc table of any size.
+
+Retrieval with any table scorer (dot, wdp, bilinear, low-rank, ...) is MIPS of a query table
+`qt [B, w]` against a doc table `dt [N, w]` (`score_all == qt @ dt.T`). `topk` never builds the
+`[B, N]` score matrix: it scans the doc table in chunks of `chunk` rows and keeps a running top-k,
+so memory is bounded by one `[B, chunk]` score block (queries are also tiled by `query_chunk`).
+
+The exact selection avoids a full `lax.top_k` over every score (slow on CPU). Each chunk's scores
+are cut into blocks of `block` consecutive docs and only the block maxima `[B, chunk / block]`
+enter `lax.top_k`: the running state is the k best BLOCKS so far (their maxima and all their
+scores). This is exact because the k best docs always lie in the k best blocks ranked by
+(block max desc, block id asc): a doc in a block outside them is beaten by the best doc of each of
+those k blocks. At the end one `lax.top_k` over the k * block kept scores gives the answer.
+
+Ties are deterministic: equal scores rank the lower doc id first, across blocks, chunks, shards,
+processes and streamed shards (`lax.top_k` puts the lower position first, every candidate list
+here is kept in doc-id order, and `merge` sorts by (score desc, id asc)).
+
+Scores must be finite (NaN or -inf scores give unspecified ranks); they are float32 (bf16 tables
+are multiplied with float32 accumulation).
+
+    res = topk(qt, dt, k=10)                   # TopK(scores [B, 10], ids [B, 10])
+    res = topk_stream(qt, shards, k=10)        # shards: iterable of [N_i, w] (e.g. memmaps)
+    res = multi_vector_topk(qt, rows, doc_ids_of_rows, k=10)   # max over each doc's rows
+    n = count_at_least(qt, dt, cutoff)         # [B] docs scoring >= each query's cutoff
+
+Speed (CPU): XLA's float32 matmul runs near the core's peak, so the scan costs the matmul plus
+the selection (block maxima, one small `lax.top_k` per chunk, gathers); `lax.top_k` runs on one
+thread. `certified.bf16_topk` gives the same exact float32 result from a bf16 scan (2-3x faster
+matmuls on CPUs with AVX512-BF16) plus a float32 rescoring of a few candidates per query.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Iterable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from bilinear_ir.errors import input_error
+
+DEFAULT_CHUNK = 2048        # doc rows per scan step for k <= 16: [B, chunk] scores live at once
+MAX_CHUNK = 32768           # largest default chunk (k > 256 then prunes with smaller blocks)
+DEFAULT_QUERY_CHUNK = 1024  # queries per scan
+MAX_BLOCK = 32              # largest block of docs summarised by its maximum
+NO_DOC = np.iinfo(np.int32).max  # id of a padding slot (only returned when fewer than k docs)
+
+
+class TopK(NamedTuple):
+  """Top-k result: `scores` [B, k] float32 descending; `ids` [B, k] int32 doc ids (row numbers).
+
+  Equal scores are ordered by lower doc id first.
+  """
+  scores: jax.Array
+  ids: jax.Array
+
+
+def check_tables(query_table, doc_table, k: int, num_docs: int | None = None,
+                 where: str = "doc_table") -> None:
+  """Raises `InputError` unless qt [B, w] and dt [N, w] are 2-D with equal w and 1 <= k <= N.
+
+  Args:
+    query_table: [B, w].
+    doc_table: [N, w] (rows).
+    k: results per query.
+    num_docs: the number of retrievable docs if not N (multi-vector rows, sharded tables).
+    where: name of the doc table in messages.
+  """
+  if len(np.shape(query_table)) != 2:
+    raise input_error(f"must be 2-D [B, w], got shape {tuple(np.shape(query_table))}",
+                      file="query_table")
+  if len(np.shape(doc_table)) != 2:
+    raise input_error(f"must be 2-D [N, w], got shape {tuple(np.shape(doc_table))}", file=where)
+  w_q, w_d = np.shape(query_table)[1], np.shape(doc_table)[1]
+  if w_q != w_d:
+    raise input_error(f"width {w_d} does not match the query table's width {w_q} "
+                      "(build both with the same scorer and params)", file=where, field="width")
+  n = np.shape(doc_table)[0] if num_docs is None else num_docs
+  if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= n:
+    raise input_error(f"k must be an integer in [1, {n}] (the number of docs), got {k!r}",
+                      file="retrieval", field="k")
+  if n >= NO_DOC:
+    raise input_error(f"at most {NO_DOC - 1} docs fit int32 ids, got {n}", file=where)
+
+
+def default_chunk(k: int) -> int:
+  """Doc rows per scan step: max(DEFAULT_CHUNK, 128 k) up to MAX_CHUNK.
+
+  Each step costs a `lax.top_k` over k + chunk / block values and gathers k * block scores, so
+  the chunk grows with k to keep both small per doc.
+  """
+  return int(min(MAX_CHUNK, max(DEFAULT_CHUNK, 128 * k)))
+
+
+def default_block(k: int, chunk: int) -> int:
+  """Docs per block: the largest power of two <= MAX_BLOCK with k * block <= chunk / 4.
+
+  Small k (the usual 10 .. 100) prunes with blocks of 32; a k near the chunk size falls back to
+  block 1, a plain running `lax.top_k` over k + chunk scores.
+  """
+  block = MAX_BLOCK
+  while block > 1 and k * block * 4 > chunk:
+    block //= 2
+  return block
+
+
+def brute_force(query_table, doc_table, k: int) -> TopK:
+  """Reference top-k from the full score matrix: qt [B, w], dt [N, w] -> TopK [B, k].
+
+  Builds [B, N] scores; use for small N and as the test twin of `topk`.
+  """
+  check_tables(query_table, doc_table, k)
+  return _brute_force(jnp.asarray(query_table), jnp.asarray(doc_table), k)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _brute_force(qt, dt, k):
+  scores, ids = lax.top_k(_dot(qt, dt), k)
+  return TopK(scores, ids)
+
+
+def _dot(qt: jax.Array, dt: jax.Array) -> jax.Array:
+  """qt [B, w] x dt [C, w] -> [B, C] float32 (bf16 tables: bf16 inputs, f32 accumulation)."""
+  return lax.dot_general(qt.astype(dt.dtype), dt, (((1,), (1,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+
+
+def merge(scores, ids, k: int) -> TopK:
+  """Exact top-k of candidate lists with global ids: scores, ids [B, M] -> TopK [B, k].
+
+  Orders by (score desc, id asc), so ties are deterministic whatever the candidates' order (per
+  shard, per process or per streamed shard lists concatenated along axis 1).
+  """
+  neg, ids = lax.sort((0.0 - jnp.asarray(scores, jnp.float32), jnp.asarray(ids, jnp.int32)),
+                      dimension=1, num_keys=2)
+  return TopK(-neg[:, :k], ids[:, :k])
+
+
+class _State(NamedTuple):
+  """Running k best blocks: maxima [B, k], all their scores [B, k, g], block ids [B, k]."""
+  maxima: jax.Array
+  scores: jax.Array
+  blocks: jax.Array
+
+
+def _init_state(b: int, k: int, g: int) -> _State:
+  return _State(jnp.full((b, k), -jnp.inf, jnp.float32),
+                jnp.full((b, k, g), -jnp.inf, jnp.float32),
+                jnp.full((b, k), NO_DOC, jnp.int32))
+
+
+def _step(state: _State, qt: jax.Array, rows: jax.Array, first_block, valid) -> _State:
+  """Merges one chunk into the running k best blocks.
+
+  Args:
+    state: running blocks (all with lower block ids than this chunk's).
+    qt: [B, w].
+    rows: [C, w], C a multiple of the block size g.
+    first_block: block id of this chunk's first block (int, may be traced).
+    valid: None (all rows real) or [C] bool (False rows are padding or masked; score -inf).
+  """
+  k, g = state.scores.shape[1:]
+  b, c = qt.shape[0], rows.shape[0]
+  s = _dot(qt, rows).reshape(b, c // g, g)
+  masked = s if valid is None else jnp.where(valid.reshape(c // g, g)[None], s, -jnp.inf)
+  # Running blocks come first: on equal maxima lax.top_k keeps the lower position, which is the
+  # lower block id (the running blocks are kept in (max desc, id asc) order, induction).
+  maxima, pos = lax.top_k(jnp.concatenate([state.maxima, masked.max(axis=2)], axis=1), k)
+  from_state = pos < k
+  p_state = jnp.where(from_state, pos, 0)
+  p_chunk = jnp.where(from_state, 0, pos - k)
+  new = jnp.take_along_axis(s, p_chunk[:, :, None], axis=1)
+  if valid is not None:
+    new = jnp.where(valid.reshape(c // g, g)[p_chunk], new, -jnp.inf)
+  scores = jnp.where(from_state[:, :, None],
+                     jnp.take_along_axis(state.scores, p_state[:, :, None], axis=1), new)
+  blocks = jnp.where(from_state, jnp.take_along_axis(state.blocks, p_state, axis=1),
+                     first_block + p_chunk)
+  return _State(maxima, scores, blocks.astype(jnp.int32))
+
+
+def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
+              block: int | None = None, id_offset=0, num_valid=None,
+              row_valid: jax.Array | None = None) -> TopK:
+  """Traceable core of `topk` (no input checks; use inside jit / shard_map).
+
+  Args:
+    qt: [B, w] query table.
+    dt: [N, w] doc table (k may exceed N: missing slots get score -inf and id NO_DOC).
+    k: results per query.
+    chunk: doc rows per step (None: `default_chunk(k)`; rounded up to a multiple of the block).
+    block: docs per block (None: `default_block(k, chunk)`).
+    id_offset: added to every returned id (int or traced int32), e.g. a shard's first row.
+    num_valid: None, or an int / traced int32: rows >= num_valid are ignored (padding).
+    row_valid: None, or [N] bool: False rows are ignored (e.g. multi-vector padding rows).
+
+  Returns:
+    TopK [B, k] with ids `id_offset + row`.
+  """
+  b, n = qt.shape[0], dt.shape[0]
+  chunk = default_chunk(k) if chunk is None else chunk
+  g = default_block(k, chunk) if block is None else block
+  c = -(-chunk // g) * g
+  nb = c // g
+  nfull = n // c
+
+  def valid_of(start, size):
+    if num_valid is None and row_valid is None:
+      return None
+    ok = jnp.ones((size,), bool)
+    if num_valid is not None:
+      ok = ok & (start + jnp.arange(size) < num_valid)
+    if row_valid is not None:
+      ok = ok & lax.dynamic_slice_in_dim(row_valid, start, size)
+    return ok
+
+  state = _init_state(b, k, g)
+  if nfull:
+    def body(i, st):
+      start = i * c
+      return _step(st, qt, lax.dynamic_slice_in_dim(dt, start, c), i * nb, valid_of(start, c))
+    state = lax.fori_loop(0, nfull, body, state)
+  tail = n - nfull * c
+  if tail:
+    padded = -(-tail // g) * g
+    start = nfull * c
+    rows = jnp.pad(dt[start:], ((0, padded - tail), (0, 0)))
+    ok = jnp.arange(padded) < tail
+    extra = valid_of(start, tail)
+    if extra is not None:
+      ok = ok & jnp.pad(extra, (0, padded - tail))
+    state = _step(state, qt, rows, nfull * nb, ok)
+  return _finish(state, k, n, id_offset)
+
+
+def _finish(state: _State, k: int, n: int, id_offset) -> TopK:
+  """The k best docs of the k best blocks: sorts blocks by id, then one lax.top_k of k * g."""
+  b, _, g = state.scores.shape
+  order = jnp.argsort(state.blocks, axis=1)
+  blocks = jnp.take_along_axis(state.blocks, order, axis=1)
+  scores = jnp.take_along_axis(state.scores, order[:, :, None], axis=1).reshape(b, k * g)
+  rows = (blocks[:, :, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(b, k * g)
+  top, pos = lax.top_k(scores, k)
+  rows = jnp.take_along_axis(rows, pos, axis=1)
+  real = (jnp.take_along_axis(jnp.repeat(blocks, g, axis=1), pos, axis=1) != NO_DOC) & (rows < n)
+  real = real & (top > -jnp.inf)
+  return TopK(top, jnp.where(real, rows + id_offset, NO_DOC).astype(jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("k", "chunk", "block"))
+def _topk_jit(qt, dt, k, chunk, block, id_offset):
+  return scan_topk(qt, dt, k, chunk, block, id_offset)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "chunk", "block"))
+def _topk_masked_jit(qt, dt, row_valid, k, chunk, block, id_offset):
+  return scan_topk(qt, dt, k, chunk, block, id_offset, row_valid=row_valid)
+
+
+def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int | None = None,
+         query_chunk: int = DEFAULT_QUERY_CHUNK, id_offset: int = 0,
+         row_valid=None) -> TopK:
+  """Exact top-k by a chunked scan: qt [B, w], dt [N, w] -> TopK [B, k].
+
+  Memory: one [min(B, query_chunk), chunk] score block at a time (plus the tables).
+
+  Args:
+    query_table: [B, w] (`module.apply(..., method=module.query_table)`).
+    doc_table: [N, w], float32 or bfloat16 (a numpy array is copied to the device once).
+    k: results per query, 1 <= k <= N.
+    chunk: doc rows per scan step (None: `default_chunk(k)`).
+    block: docs per pruning block (None: `default_block`).
+    query_chunk: queries per scan (queries are tiled; the last tile is padded, not recompiled).
+    id_offset: added to every returned id.
+    row_valid: None or [N] bool; False rows are never returned (they must leave >= k rows).
+
+  Returns:
+    TopK(scores [B, k] float32 descending, ids [B, k] int32), ties by lower id first.
+  """
+  check_tables(query_table, doc_table, k)
+  if row_valid is not None:
+    row_valid = jnp.asarray(row_valid, bool)
+    if row_valid.shape != (np.shape(doc_table)[0],):
+      raise input_error(f"must have shape ({np.shape(doc_table)[0]},), got {row_valid.shape}",
+                        file="row_valid")
+  if (chunk is not None and chunk < 1) or query_chunk < 1 or (block is not None and block < 1):
+    raise input_error("chunk, query_chunk and block must be >= 1", file="retrieval",
+                      field="chunk")
+  qt = jnp.asarray(query_table)
+  dt = jnp.asarray(doc_table)
+  parts = []
+  for start in range(0, qt.shape[0], query_chunk):
+    tile = qt[start:start + query_chunk]
+    size = tile.shape[0]
+    if qt.shape[0] > query_chunk and size < query_chunk:
+      tile = jnp.pad(tile, ((0, query_chunk - size), (0, 0)))
+    if row_valid is None:
+      res = _topk_jit(tile, dt, k, chunk, block, jnp.int32(id_offset))
+    else:
+      res = _topk_masked_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset))
+    parts.append(TopK(res.scores[:size], res.ids[:size]))
+  if len(parts) == 1:
+    return parts[0]
+  return TopK(jnp.concatenate([p.scores for p in parts]), jnp.concatenate([p.ids for p in parts]))
+
+
+def count_at_least(query_table, doc_table, cutoff, *, chunk: int = DEFAULT_CHUNK,
+                   query_chunk: int = DEFAULT_QUERY_CHUNK) -> jax.Array:
+  """Docs scoring at least each query's cutoff: qt [B, w], dt [N, w], cutoff [B] -> [B] int32.
+
+  A chunked scan like `topk` (no [B, N] matrix), with the same score arithmetic.
+  """
+  check_tables(query_table, doc_table, 1)
+  qt = jnp.asarray(query_table)
+  dt = jnp.asarray(doc_table)
+  cutoff = jnp.asarray(cutoff, jnp.float32)
+  parts = [_count_jit(qt[i:i + query_chunk], dt, cutoff[i:i + query_chunk], chunk)
+           for i in range(0, qt.shape[0], query_chunk)]
+  return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+
+
+@functools.partial(jax.jit, static_argnames=("chunk",))
+def _count_jit(qt, dt, cutoff, chunk):
+  n = dt.shape[0]
+  nfull = n // chunk
+  count = lambda rows: jnp.sum(_dot(qt, rows) >= cutoff[:, None], axis=1, dtype=jnp.int32)
+  total = jnp.zeros((qt.shape[0],), jnp.int32)
+  if nfull:
+    total = lax.fori_loop(
+        0, nfull, lambda i, t: t + count(lax.dynamic_slice_in_dim(dt, i * chunk, chunk)), total)
+  if n > nfull * chunk:
+    total = total + count(dt[nfull * chunk:])
+  return total
+
+
+def topk_stream(query_table, shards: Iterable, k: int, *, num_docs: int | None = None,
+                **kwargs) -> TopK:
+  """Exact top-k over a doc table given as consecutive row shards (e.g. memory-mapped `.npy`).
+
+  Only one shard is on the device at a time (the next one is read while the device works on the
+  current one); ids are global row numbers (shard i starts after the rows of shards 0..i-1).
+
+  Args:
+    query_table: [B, w].
+    shards: iterable of [N_i, w] arrays (numpy, memmap or jax).
+    k: results per query; must be <= the total number of rows.
+    num_docs: total rows, if known, to check k before reading anything.
+    **kwargs: `chunk`, `block`, `query_chunk` for `topk`.
+
+  Returns:
+    TopK [B, k], the same as `topk` on the concatenated shards.
+  """
+  if num_docs is not None:
+    check_tables(query_table, np.zeros((0, np.shape(query_table)[-1])), k, num_docs=num_docs)
+  offset, found = 0, []
+  for i, shard in enumerate(shards):
+    rows = np.shape(shard)[0]
+    if rows == 0:
+      continue
+    check_tables(query_table, shard, min(k, rows), where=f"shard {i}")
+    found.append(topk(query_table, jnp.asarray(shard), min(k, rows), id_offset=offset, **kwargs))
+    offset += rows
+  if offset < k:
+    raise input_error(f"k must be an integer in [1, {offset}] (the number of docs), got {k!r}",
+                      file="retrieval", field="k")
+  if len(found) == 1:
+    return found[0]
+  return _merge_jit(jnp.concatenate([f.scores for f in found], axis=1),
+                    jnp.concatenate([f.ids for f in found], axis=1), k)
+
+
+_merge_jit = jax.jit(merge, static_argnames=("k",))
+
+
+def max_rows_per_doc(doc_ids_of_rows) -> int:
+  """Largest number of rows sharing a doc id: doc_ids_of_rows [R] (nondecreasing) -> int."""
+  ids = np.asarray(doc_ids_of_rows)
+  if ids.size == 0:
+    return 0
+  _, counts = np.unique(ids, return_counts=True)
+  return int(counts.max())
+
+
+def multi_vector_topk(query_table, row_table, doc_ids_of_rows, k: int, *, row_valid=None,
+                      **kwargs) -> TopK:
+  """Exact top-k docs when a doc has several rows and its score is the max over them.
+
+  The ME-BERT form: `s(q, doc) = max_{rows r of doc} qt . row_r`. Rows are grouped by doc:
+  `doc_ids_of_rows` is nondecreasing (doc i's rows contiguous, docs in id order), so the row
+  ranking (score desc, row asc) lists each doc's best row before any other row of lower rank.
+  With at most m rows per doc, the k best docs' best rows are among the (k - 1) * m + 1 best rows;
+  the first k distinct doc ids in the exact row top-((k - 1) m + 1) are the answer, ties by lower
+  doc id first.
+
+  Args:
+    query_table: [B, w].
+    row_table: [R, w] doc rows (e.g. m per doc from a multi-vector scorer's doc_table).
+    doc_ids_of_rows: [R] int, nondecreasing, the doc id of each row.
+    k: docs per query; <= the number of distinct doc ids (with a valid row).
+    row_valid: None or [R] bool; False rows never count (padding tokens).
+    **kwargs: `chunk`, `block`, `query_chunk` for `topk`.
+
+  Returns:
+    TopK [B, k] with doc ids (values of doc_ids_of_rows) and their max-row scores.
+  """
+  doc_ids = np.asarray(doc_ids_of_rows)
+  if doc_ids.ndim != 1 or doc_ids.shape[0] != np.shape(row_table)[0]:
+    raise input_error(f"must be [R] = [{np.shape(row_table)[0]}] ints, got shape {doc_ids.shape}",
+                      file="doc_ids_of_rows")
+  if not np.issubdtype(doc_ids.dtype, np.integer):
+    raise input_error(f"must be integers, got {doc_ids.dtype}", file="doc_ids_of_rows")
+  if doc_ids.size and (np.any(np.diff(doc_ids) < 0) or doc_ids[0] < 0
+                       or doc_ids[-1] >= NO_DOC):
+    bad = int(np.argmax(np.diff(doc_ids) < 0)) + 1 if np.any(np.diff(doc_ids) < 0) else 0
+    raise input_error("must be nondecreasing ids in [0, 2^31 - 1) (rows grouped by doc)",
+                      file="doc_ids_of_rows", record=f"row {bad}")
+  kept = doc_ids if row_valid is None else doc_ids[np.asarray(row_valid, bool)]
+  num_docs = int(np.unique(kept).size)
+  check_tables(query_table, row_table, k, num_docs=num_docs, where="row_table")
+  m = max_rows_per_doc(kept)
+  rows = topk(query_table, row_table, min((k - 1) * m + 1, kept.size), row_valid=row_valid,
+              **kwargs)
+  return _first_distinct(rows.scores, jnp.asarray(doc_ids, jnp.int32)[rows.ids], k)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _first_distinct(scores, docs, k):
+  """The first k distinct docs of ranked row lists: scores, docs [B, K] -> TopK [B, k]."""
+  kk = docs.shape[1]
+  earlier = jnp.tril(jnp.ones((kk, kk), bool), -1)  # earlier[j, i]: i < j
+  seen = jnp.any((docs[:, :, None] == docs[:, None, :]) & earlier[None], axis=2)
+  key = jnp.where(seen, -jnp.inf, -jnp.arange(kk, dtype=jnp.float32)[None])
+  _, pos = lax.top_k(key, k)  # the k lowest positions that are a doc's first row
+  return TopK(jnp.take_along_axis(scores, pos, axis=1), jnp.take_along_axis(docs, pos, axis=1))
