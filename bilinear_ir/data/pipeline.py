@@ -68,15 +68,24 @@ class Prepared:
     embeddings: pooled embeddings (docs [N, n], queries [Q, n], all queries of the collection).
     bm25_idx: [Q, depth] BM25 doc rows per query row of `embeddings.query_ids`, best first.
     bm25_scores: [Q, depth] their BM25 scores.
+    bm25: the fitted BM25 model (exact scores of any pair, for hybrids).
   """
   collection: collection_lib.Collection
   embeddings: embeddings_lib.Embeddings
   bm25_idx: np.ndarray
   bm25_scores: np.ndarray
+  bm25: object = None
 
   @property
   def dim(self) -> int:
     return int(self.embeddings.docs.shape[1])
+
+  def bm25_pair_scores(self, query_rows: np.ndarray, doc_rows: np.ndarray) -> np.ndarray:
+    """Exact BM25 scores of K (query row, doc row) pairs: [K], [K] -> [K]."""
+    qids = [self.embeddings.query_ids[i] for i in np.asarray(query_rows)]
+    qv = self.bm25.query_vectors([self.collection.queries[q] for q in qids])
+    dv = self.bm25.doc_vectors[np.asarray(doc_rows)]
+    return np.asarray(qv.multiply(dv).sum(axis=1)).reshape(-1)
 
   def query_row_index(self, query_ids: list[str]) -> np.ndarray:
     """[len(query_ids)] rows of those queries in `embeddings.query_ids`."""
@@ -85,23 +94,23 @@ class Prepared:
 
 
 def bm25_ranking(collection: collection_lib.Collection, query_ids: list[str],
-                 cfg: ml_collections.ConfigDict) -> tuple[np.ndarray, np.ndarray]:
-  """BM25 top-`depth` doc rows and scores for each query: ([Q, depth], [Q, depth])."""
+                 cfg: ml_collections.ConfigDict):
+  """BM25 top-`depth` of each query: (idx [Q, depth], scores [Q, depth], fitted model)."""
   from bilinear_ir.fidelity import sparse  # pylint: disable=g-import-not-at-top
   model = sparse.BM25(k1=cfg.k1, b=cfg.b, variant=cfg.variant,
                       tokenizer=sparse.Tokenizer(kind="bm25s", stemmer=cfg.stemmer))
   model.fit(collection.doc_strings())
   depth = min(int(cfg.depth), collection.num_docs)
-  return model.topk([collection.queries[q] for q in query_ids], depth)
+  idx, scores = model.topk([collection.queries[q] for q in query_ids], depth)
+  return idx, scores, model
 
 
-def prepare(config: ml_collections.ConfigDict, embeddings: bool = True) -> Prepared:
-  """Loads collection, embeddings (unless `embeddings=False`) and BM25 rankings of all queries."""
+def prepare(config: ml_collections.ConfigDict) -> Prepared:
+  """Loads the collection, its embeddings and the BM25 ranking of every query."""
   coll = loaders.load(config.data)
-  emb = embeddings_lib.embed_collection(coll, config.encoder) if embeddings else None
-  query_ids = emb.query_ids if emb is not None else sorted(coll.queries)
-  idx, scores = bm25_ranking(coll, query_ids, config.bm25)
-  return Prepared(coll, emb, np.asarray(idx), np.asarray(scores, np.float32))
+  emb = embeddings_lib.embed_collection(coll, config.encoder)
+  idx, scores, model = bm25_ranking(coll, emb.query_ids, config.bm25)
+  return Prepared(coll, emb, np.asarray(idx), np.asarray(scores, np.float32), model)
 
 
 def _split(name: str, qrels: dict[str, dict[str, int]], qids: list[str]) -> Split:

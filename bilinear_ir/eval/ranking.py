@@ -15,7 +15,6 @@ import numpy as np
 
 from bilinear_ir.errors import require
 from bilinear_ir.eval import metrics as metrics_lib
-from bilinear_ir.eval import trec
 from bilinear_ir.scorers.base import TableScorer
 
 MODES = ("full", "rerank")
@@ -58,16 +57,22 @@ def score_topk(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, k: in
     qt = module.apply(variables, *_as_tuple(q_feats), method=module.query_table)
     res = exact.topk(qt, dt, k)
     return np.asarray(res.ids), np.asarray(res.scores)
+  # No tables (MoL, late interaction): score doc chunks and keep a running top-k, so memory is
+  # bounded by one [query_chunk, doc_chunk] block.
   score = jax.jit(lambda q, d: module.apply(variables, *q, *d, method=module.score_all))
   out_idx, out_scores = [], []
   for qs in range(0, _num_rows(q_feats), query_chunk):
     q = _rows(q_feats, qs, qs + query_chunk)
-    parts = [np.asarray(score(q, _rows(d_feats, s, s + doc_chunk)))
-             for s in range(0, n_docs, doc_chunk)]
-    scores = np.concatenate(parts, axis=1)
-    res = exact.merge(scores, np.broadcast_to(np.arange(n_docs), scores.shape), k)
-    out_idx.append(np.asarray(res.ids))
-    out_scores.append(np.asarray(res.scores))
+    best = None
+    for s in range(0, n_docs, doc_chunk):
+      scores = score(q, _rows(d_feats, s, s + doc_chunk))
+      ids = jnp.broadcast_to(jnp.arange(s, s + scores.shape[1], dtype=jnp.int32), scores.shape)
+      if best is not None:
+        scores = jnp.concatenate([best.scores, scores], axis=1)
+        ids = jnp.concatenate([best.ids, ids], axis=1)
+      best = exact.merge(scores, ids, k)
+    out_idx.append(np.asarray(best.ids))
+    out_scores.append(np.asarray(best.scores))
   return np.concatenate(out_idx), np.concatenate(out_scores)
 
 
@@ -134,4 +139,56 @@ def evaluate_scorer(module: nn.Module, params: Any, q_feats: Any, d_feats: Any,
   return evaluate_run(query_ids, doc_ids, idx, scores, qrels, measures)
 
 
-__all__ = ["evaluate_run", "evaluate_scorer", "rerank", "score_topk", "trec"]
+def hybrid_config():
+  """The sparse-dense hybrid `lam * dense + (1 - lam) * BM25` (bilinear_ir.retrieval.hybrid).
+
+  Fields:
+    depth: each system's top-n whose union is re-ranked.
+    normalize: "minmax" per query over the union, or "none".
+    grid: lam values tried on the dev split.
+    measure: the dev measure that picks lam.
+  """
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.retrieval import hybrid  # pylint: disable=g-import-not-at-top
+  c = ml_collections.ConfigDict()
+  c.depth = 100
+  c.normalize = "minmax"
+  c.grid = tuple(float(x) for x in hybrid.DEFAULT_GRID)
+  c.measure = "ndcg@10"
+  return c
+
+
+def evaluate_hybrid(module: nn.Module, params: Any, prepared, dev, test, cfg,
+                    measures: Sequence[str] = DEFAULT_MEASURES) -> tuple[dict[str, Any], float,
+                                                                         dict]:
+  """Hybrid of a trained dense scorer and BM25: lam tuned on `dev`, evaluated on `test`.
+
+  Args:
+    module, params: the dense scorer.
+    prepared: `data.pipeline.Prepared` (embeddings, BM25 rankings and model).
+    dev, test: `data.pipeline.Split`s.
+    cfg: `hybrid_config()`.
+
+  Returns:
+    (test metrics `{"mean", "per_query"}`, the chosen lam, the test run).
+  """
+  from bilinear_ir.retrieval import hybrid  # pylint: disable=g-import-not-at-top
+  emb = prepared.embeddings
+  variables = {"params": params}
+  pair = jax.jit(lambda q, d: module.apply(variables, q, d, method=module.score_pairs))
+
+  def candidates(split):
+    rows = prepared.query_row_index(split.query_ids)
+    d_idx, d_scores = score_topk(module, params, emb.queries[rows], emb.docs, cfg.depth)
+    b_idx = prepared.bm25_idx[rows][:, :cfg.depth]
+    b_scores = prepared.bm25_scores[rows][:, :cfg.depth]
+    dense_fn = lambda qi, di: np.asarray(pair(emb.queries[rows[qi]], emb.docs[di]))
+    bm25_fn = lambda qi, di: prepared.bm25_pair_scores(rows[qi], di)
+    return hybrid.union_candidates(d_idx, d_scores, b_idx, b_scores, dense_fn, bm25_fn)
+
+  lam, _ = hybrid.tune_lambda(candidates(dev), dev.qrels, dev.query_ids,
+                              prepared.collection.doc_ids, cfg.measure, cfg.grid, cfg.normalize)
+  idx, scores = hybrid.rank_candidates(candidates(test), lam, cfg.normalize)
+  metrics, run = evaluate_run(test.query_ids, prepared.collection.doc_ids, idx, scores,
+                              test.qrels, measures)
+  return metrics, lam, run
