@@ -120,3 +120,25 @@ def test_unknown_scorer_exits_2_without_results(tmp_path, beir, tiny_bert_dir):
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and "cosine_magic" in lines[0] and "Traceback" not in proc.stderr
   assert not (w / "results.json").exists()
+
+
+def test_saved_model_reloads_and_scores_like_the_run(tmp_path, beir, tiny_bert_dir):
+  from bilinear_ir.data import embeddings, loaders  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.train import trainer  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  w = tmp_path / "w"
+  proc = subprocess.run(_cmd(w, beir, tiny_bert_dir, tmp_path / "cache",
+                             "--config.train.steps=20", "--config.train.eval_every=10"),
+                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  module, params, meta = trainer.load_model(str(w / "model"))
+  assert meta["model"]["scorer"] == "lowrank" and meta["model"]["rank"] == 4
+  coll = loaders.load(ml_collections.ConfigDict(meta["data"]))
+  emb = embeddings.embed_collection(coll, ml_collections.ConfigDict(meta["encoder"]))
+  # The run's top doc of every test query is the reloaded model's argmax over the corpus.
+  run = trec.read_run(str(w / "run.trec"))
+  for qid, docs in list(run.items())[:5]:
+    q = emb.query_rows([qid])
+    scores = np.asarray(module.apply({"params": params}, q, emb.docs, method=module.score_all))[0]
+    top = max(docs, key=lambda d: (docs[d], -emb.doc_ids.index(d)))
+    assert emb.doc_ids[int(np.argmax(scores))] == top

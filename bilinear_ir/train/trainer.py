@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from bilinear_ir.data.batches import Batch, BatchSampler, TrainSet
 from bilinear_ir.errors import require
+from bilinear_ir.train import checkpoints
 from bilinear_ir.train import losses
 from bilinear_ir.train.checkpoints import Checkpoints
 
@@ -452,8 +453,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
           "run": run, "temperature": temperature}
 
 
+def save_model(directory: str, config: ml_collections.ConfigDict, dim: int, params: Any) -> None:
+  """Saves the selected params with what rebuilds their scorer (model block, dim, encoder)."""
+  meta = {"model": config.model.to_dict(), "dim": int(dim),
+          "encoder": config.encoder.to_dict(), "data": config.data.to_dict()}
+  checkpoints.save_params(directory, params, meta)
+
+
+def load_model(directory: str) -> tuple[nn.Module, Any, dict[str, Any]]:
+  """(module, params, meta) of a model written by `save_model` (e.g. `WORKDIR/model`)."""
+  params, meta = checkpoints.load_params(directory)
+  return build_model(ml_collections.ConfigDict(meta["model"]), meta["dim"]), params, meta
+
+
 def run(config: ml_collections.ConfigDict, workdir: str):
-  """The `train_eval` job (see configs/train_eval.py)."""
+  """The `train_eval` job (see configs/train_eval.py). Writes the selected model to
+  `WORKDIR/model` (`WORKDIR/foldK/model` with folds), loadable with `load_model`."""
   from bilinear_ir.data import pipeline  # pylint: disable=g-import-not-at-top
   from bilinear_ir.eval import report  # pylint: disable=g-import-not-at-top
   from bilinear_ir.eval import trec  # pylint: disable=g-import-not-at-top
@@ -464,6 +479,8 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   for s in sets:
     sub = os.path.join(workdir, s.name) if len(sets) > 1 else workdir
     outs.append(train_and_evaluate(config, prepared, s, sub))
+    if jax.process_index() == 0:
+      save_model(os.path.join(sub, "model"), config, prepared.dim, outs[-1]["params"])
   measures = list(config.eval.measures)
   header = ["split", "queries"] + measures
   rows = []
