@@ -127,3 +127,21 @@ def lowrank_params(W: jnp.ndarray, rank: int, residual: str = "none") -> dict[st
     W = W - jnp.diag(params["v"])
   params["P"], params["Q"] = truncate(W, rank)
   return params
+
+
+def pca_factors(x: np.ndarray | jnp.ndarray, rank: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """P = Q = the top-r eigenvectors of the uncentred second moment `x^T x / m` of rows x [m, n].
+
+  `P Q^T` is then the rank-r projection that keeps the most of `|x|^2` on average, i.e. the
+  rank-r bilinear form closest to the dot product on this data: the natural pure low-rank
+  starting point.
+
+  Returns:
+    (P [n, r], Q [n, r]), equal, with orthonormal columns.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  require(1 <= rank <= x.shape[1], f"rank must be in [1, {x.shape[1]}], got {rank}",
+          field="model.rank")
+  _, vecs = jnp.linalg.eigh(x.T @ x / x.shape[0])  # ascending eigenvalues
+  top = vecs[:, ::-1][:, :rank]
+  return top, top

@@ -22,7 +22,7 @@ class TrainSet:
     num_queries: Q, rows of the query features.
     num_docs: N, rows of the doc features.
     hard_negatives: [Q, H] int doc rows per query (e.g. BM25 top-H minus the positives),
-      -1 where a query has fewer; or None.
+      valid entries first and -1 after them where a query has fewer; or None.
   """
   pairs: np.ndarray
   num_queries: int
@@ -104,7 +104,7 @@ class BatchSampler:
   Args:
     trainset: the pairs and negative pools.
     batch_size: B, pairs per step (drop-last within an epoch).
-    hard: negatives per query drawn from `trainset.hard_negatives`.
+    hard: negatives per query drawn uniformly (with replacement) from `trainset.hard_negatives`.
     random: negatives per query drawn uniformly from all docs.
     in_batch: use the other queries' candidates as negatives too.
     seed: the config seed.
@@ -143,12 +143,11 @@ class BatchSampler:
     rng = np.random.default_rng([self.seed, 1, step])
     negs = np.full((B, M), -1, np.int64)
     if self.hard:
-      pool = self.trainset.hard_negatives[q_rows]  # [B, H]
-      valid = pool >= 0
-      for i in range(B):
-        choices = pool[i][valid[i]]
-        if len(choices):
-          negs[i, :self.hard] = rng.choice(choices, size=self.hard, replace=len(choices) < self.hard)
+      pool = self.trainset.hard_negatives[q_rows]  # [B, H], valid entries first, -1 after
+      counts = np.sum(pool >= 0, axis=1)  # [B]
+      pick = np.floor(rng.random((B, self.hard)) * counts[:, None]).astype(np.int64)
+      chosen = np.take_along_axis(pool, np.minimum(pick, pool.shape[1] - 1), axis=1)
+      negs[:, :self.hard] = np.where(counts[:, None] > 0, chosen, -1)  # uniform, with replacement
     if self.random:
       negs[:, self.hard:] = rng.integers(0, self.trainset.num_docs, size=(B, self.random))
     cand = np.concatenate([pos_rows, negs.reshape(-1)])

@@ -15,7 +15,7 @@ from bilinear_ir.scorers.base import TableScorer
 from bilinear_ir.scorers.registry import register
 
 RESIDUALS = ("none", "identity", "diag")
-LOWRANK_INITS = ("random", "orthogonal")
+LOWRANK_INITS = ("random", "orthogonal", "pca")
 
 
 @register("bilinear")
@@ -58,7 +58,9 @@ class LowRank(TableScorer):
     residual: "none" (W = P Q^T, the paper's form), "identity" (W = I + P Q^T) or
       "diag" (W = diag(v) + P Q^T, v [n] initialised to 1).
     factor_init: for residual "none": "orthogonal" (P = Q with orthonormal columns, so W starts as
-      the projection onto a random r-dim subspace) or "random" (P, Q ~ N(0, 1/n)). With a
+      the projection onto a random r-dim subspace), "random" (P, Q ~ N(0, 1/n)) or "pca" (the
+      trainer sets P = Q = the top-r principal directions of the training docs, see
+      `lowrank.pca_factors`; as a bare module it starts like "orthogonal"). With a
       residual, P ~ N(0, 1/n) and Q = 0 so that W starts at the residual (the dot product).
       To start from the SVD of a trained W use `bilinear_ir.lowrank.lowrank_params`.
 
@@ -79,7 +81,7 @@ class LowRank(TableScorer):
     if self.residual != "none":
       self.P = self.param("P", normal, (n, r), jnp.float32)
       self.Q = self.param("Q", nn.initializers.zeros, (n, r), jnp.float32)
-    elif self.factor_init == "orthogonal":
+    elif self.factor_init in ("orthogonal", "pca"):
       self.P = self.param("P", _orthonormal, (n, r))
       p0 = self.P
       self.Q = self.param("Q", lambda key, shape: jnp.array(p0), (n, r))  # Q = P at init.

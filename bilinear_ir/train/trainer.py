@@ -26,7 +26,8 @@ from bilinear_ir.train import checkpoints
 from bilinear_ir.train import losses
 from bilinear_ir.train.checkpoints import Checkpoints
 
-LOSSES = ("softmax", "margin")
+LOSSES = ("softmax", "margin", "kl", "margin_mse")
+DISTILLATION_LOSSES = ("kl", "margin_mse")
 
 
 def train_config() -> ml_collections.ConfigDict:
@@ -35,10 +36,17 @@ def train_config() -> ml_collections.ConfigDict:
   Fields:
     loss: "softmax" (cross entropy of the positive against in-batch + sampled negatives) or
       "margin" (hinge `max(0, margin - (s_pos - s_neg))` over each query's sampled negatives, the
-      paper's public implementation; its margin is in score units, so it depends on the scale).
-    temperature: softmax temperature (scores / temperature); see `auto_temperature`.
+      paper's public implementation; its margin is in score units, so it depends on the scale),
+      or a distillation loss against a teacher's scores (`fit(teacher_scores=...)`, LITE paper
+      A.2): "kl" (KL(softmax(teacher / teacher_temperature) || softmax(scores / temperature))
+      over each query's candidates) or "margin_mse" (sum over negatives of
+      ((t_pos - t_neg) / teacher_temperature - (s_pos - s_neg))^2).
+    temperature: softmax temperature (scores / temperature) of "softmax" and the student side of
+      "kl"; see `auto_temperature`.
     auto_temperature: if True, temperature *= the std of the initial scorer's scores of
-      random (query, doc) pairs, making the loss free of the embedding scale.
+      random (query, doc) pairs, making the loss free of the embedding scale ("softmax", "kl").
+    teacher_temperature: teacher scores are divided by it in "kl" and "margin_mse" (the teacher's
+      softmax temperature; the scale whose margins the student matches).
     margin: margin of the "margin" loss.
     batch_size: pairs per step B (a multiple of the device count is used).
     hard_negatives: negatives per query from the hard pool (BM25 top `hard_depth`).
@@ -61,6 +69,7 @@ def train_config() -> ml_collections.ConfigDict:
   c.loss = "softmax"
   c.temperature = 0.05
   c.auto_temperature = False
+  c.teacher_temperature = 1.0
   c.margin = 1.0
   c.batch_size = 128
   c.hard_negatives = 1
@@ -126,16 +135,27 @@ class StepConfig(NamedTuple):
   end_lr_fraction: float
   weight_decay: float
   clip_norm: float
+  teacher_temperature: float = 1.0
 
 
 def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_feats, q_rows,
-          cand_rows, mask) -> jnp.ndarray:
-  """The training loss of one batch: q_rows [B], cand_rows [C], mask [B, C] -> scalar."""
+          cand_rows, mask, teacher=None) -> jnp.ndarray:
+  """The training loss of one batch: q_rows [B], cand_rows [C], mask [B, C] -> scalar.
+
+  `teacher` [Q, N] (distillation losses only): teacher scores of every (query row, doc row).
+  """
   q, docs = _gather(q_feats, q_rows), _gather(d_feats, cand_rows)
   scores = module.apply({"params": p}, *q, *docs, method=module.score_all)  # [B, C]
   B, M = hp.batch_size, hp.negatives
   if hp.loss == "softmax":
     loss = losses.softmax_cross_entropy(scores, jnp.arange(B), mask, hp.temperature)
+  elif hp.loss in DISTILLATION_LOSSES:
+    t = teacher[q_rows][:, cand_rows] / hp.teacher_temperature  # [B, C]
+    if hp.loss == "kl":
+      # kl_distillation_loss divides both sides by one temperature: pre-scale the teacher.
+      loss = losses.kl_distillation_loss(scores, t * hp.temperature, mask, hp.temperature)
+    else:
+      loss = losses.margin_mse_loss(scores, t, jnp.arange(B), mask)
   else:
     pos = jnp.diagonal(scores[:, :B])
     rows = jnp.arange(B)[:, None]
@@ -156,8 +176,8 @@ def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_fe
 
 @functools.partial(jax.jit, static_argnames=("module", "hp", "aux_loss"),
                    donate_argnames=("state",))
-def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, *, module, hp,
-               aux_loss=None):
+def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher=None, *,
+               module, hp, aux_loss=None):
   """One optimisation step. Compiled once per (module, hp, aux_loss, shapes), so runs that
   differ only in seed or data reuse it; features are arguments, never baked-in constants.
 
@@ -166,6 +186,7 @@ def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, *, mod
     params0: the initial params (anchor of `l2_to_init`).
     q_feats, d_feats: query [Q, ...] / doc [N, ...] features (arrays or tuples of arrays).
     q_rows [B], cand_rows [C], mask [B, C]: the batch.
+    teacher: [Q, N] teacher scores (the distillation losses), else None.
 
   Returns:
     (new state, {"loss", "grad_norm", "param_norm"}).
@@ -173,7 +194,7 @@ def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, *, mod
   tx = make_optimizer(hp, hp.total_steps)
   loss, grads = jax.value_and_grad(
       lambda p: _loss(module, hp, aux_loss, p, params0, q_feats, d_feats, q_rows, cand_rows,
-                      mask))(state["params"])
+                      mask, teacher))(state["params"])
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
   new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
          "step": state["step"] + 1}
@@ -214,7 +235,8 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
         evaluate: Callable[[Any], dict[str, float]] | None = None,
         checkpoint_dir: str | None = None, log_dir: str | None = None,
         aux_loss: Callable[[Any, tuple, tuple], jnp.ndarray] | None = None,
-        progress: bool = True, stop_after: int | None = None) -> FitResult:
+        progress: bool = True, stop_after: int | None = None,
+        teacher_scores: np.ndarray | None = None) -> FitResult:
   """Trains `module` from `params` and returns the dev-selected params.
 
   Args:
@@ -232,9 +254,29 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     progress: show a tqdm bar.
     stop_after: stop (after checkpointing) once this step is reached, as if the run was killed
       there; for tests of resumption.
+    teacher_scores: [Q, N] float32 teacher scores of every (row of `q_feats`, doc row), needed by
+      the distillation losses ("kl", "margin_mse") and only by them. It is held on device (as the
+      features are) and the step reads `teacher[q_rows][:, cand_rows]`. A dense matrix is fine
+      for SciFact-size collections (809 x 5,183 floats = 17 MB); at MS MARCO scale (500k x 8.8M)
+      it is not: there, store the teacher's scores of the candidates the sampler can draw (e.g.
+      [Q, H] for the hard-negative pool plus the positives, as the T2 teacher's released triple
+      scores are) and turn in-batch and random negatives off, or score with the teacher inside
+      the step.
   """
   require(cfg.loss in LOSSES, f"must be one of {LOSSES}, got {cfg.loss!r}", field="train.loss")
   require(cfg.temperature > 0, f"must be > 0, got {cfg.temperature}", field="train.temperature")
+  distill = cfg.loss in DISTILLATION_LOSSES
+  require(distill == (teacher_scores is not None),
+          f"train.loss {cfg.loss!r} {'needs' if distill else 'takes no'} teacher scores",
+          field="train.loss")
+  if distill:
+    require(cfg.get("teacher_temperature", 1.0) > 0,
+            f"must be > 0, got {cfg.get('teacher_temperature')}",
+            field="train.teacher_temperature")
+    shape = (_as_tuple(q_feats)[0].shape[0], _as_tuple(d_feats)[0].shape[0])
+    require(np.shape(teacher_scores) == shape,
+            f"teacher scores have shape {np.shape(teacher_scores)}, expected [Q, N] = {shape}",
+            field="teacher_scores")
   mesh = data_mesh()
   ndev = mesh.devices.size
   batch_size = max(ndev, (min(cfg.batch_size, len(trainset.pairs)) // ndev) * ndev)
@@ -246,19 +288,21 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   total = cfg.steps if cfg.steps > 0 else cfg.epochs * sampler.steps_per_epoch
   require(total >= 1, "no training steps (set train.steps or train.epochs)", field="train.steps")
   temperature = float(cfg.temperature)
-  if cfg.loss == "softmax" and cfg.auto_temperature:
+  if cfg.loss in ("softmax", "kl") and cfg.auto_temperature:
     temperature *= _score_std(module, params, q_feats, d_feats, seed)
 
   repl = NamedSharding(mesh, P())
   q_feats = jax.device_put(q_feats, repl)
   d_feats = jax.device_put(d_feats, repl)
   params0 = jax.device_put(params, repl)
+  teacher = jax.device_put(np.asarray(teacher_scores, np.float32), repl) if distill else None
   hp = StepConfig(loss=cfg.loss, temperature=temperature, margin=float(cfg.margin),
                   batch_size=sampler.batch_size, negatives=sampler.negatives_per_query,
                   l2_to_init=float(cfg.l2_to_init), lr=float(cfg.lr),
                   warmup_steps=int(cfg.warmup_steps), total_steps=int(total),
                   end_lr_fraction=float(cfg.end_lr_fraction),
-                  weight_decay=float(cfg.weight_decay), clip_norm=float(cfg.clip_norm))
+                  weight_decay=float(cfg.weight_decay), clip_norm=float(cfg.clip_norm),
+                  teacher_temperature=float(cfg.get("teacher_temperature", 1.0)))
   tx = make_optimizer(hp, total)
   batch_sh = (NamedSharding(mesh, P("data")), repl, NamedSharding(mesh, P("data", None)))
   step_fn = functools.partial(train_step, module=module, hp=hp, aux_loss=aux_loss)
@@ -299,7 +343,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     batch: Batch = sampler.batch(step)
     args = [jax.device_put(a, s) for a, s in zip((batch.q_rows, batch.cand_rows, batch.mask),
                                                   batch_sh)]
-    state, stats = step_fn(state, params0, q_feats, d_feats, *args)
+    state, stats = step_fn(state, params0, q_feats, d_feats, *args, teacher)
     done = step + 1
     if bar is not None:
       bar.update(1)
@@ -396,7 +440,9 @@ def check_model_config(model_cfg: ml_collections.ConfigDict, dim: int = 8) -> No
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
-                       workdir: str | None = None, progress: bool = True) -> dict[str, Any]:
+                       workdir: str | None = None, progress: bool = True,
+                       aux_loss: Callable[[Any, tuple, tuple], jnp.ndarray] | None = None
+                       ) -> dict[str, Any]:
   """Trains `config.model` on `splitset.train`, selects on `.dev`, evaluates on `.test`.
 
   Args:
@@ -406,6 +452,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
     workdir: checkpoints go to `workdir/checkpoints`, TensorBoard scalars to `workdir/tb`
       (None: neither).
     progress: show progress bars.
+    aux_loss: optional `(params, q, docs) -> scalar` added to the training loss (passed to
+      `fit`; e.g. MoL's L_MI, `eval.mol_table.MiLoss`). It is a static argument of the jitted
+      step: pass a value that compares and hashes by content (a frozen dataclass over the
+      module and weight), not a new lambda per call, or every call compiles the step again.
 
   Returns:
     {"metrics": test means, "per_query": ..., "dev": best dev metrics, "history", "best_step",
@@ -417,6 +467,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
   emb = prepared.embeddings
   module = build_model(config.model, prepared.dim)
   params = scorers.init_params(module, jax.random.key(config.seed))
+  if getattr(module, "factor_init", None) == "pca" and module.residual == "none":
+    from bilinear_ir import lowrank  # pylint: disable=g-import-not-at-top
+    params = dict(params)
+    params["P"], params["Q"] = lowrank.pca_factors(emb.docs, module.rank)
   tcfg, ecfg = config.train, config.eval
   require(ecfg.mode in ranking.MODES, f"must be one of {ranking.MODES}, got {ecfg.mode!r}",
           field="eval.mode")
@@ -425,29 +479,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
   docs = emb.docs
   doc_ids = prepared.collection.doc_ids
 
-  def evaluate_on(split, p, measures):
+  def evaluate_on(split, p, measures, depth):
     rows = prepared.query_row_index(split.query_ids)
     cands = prepared.bm25_idx[rows][:, :ecfg.rerank_depth] if ecfg.mode == "rerank" else None
     return ranking.evaluate_scorer(module, p, emb.queries[rows], docs, split.query_ids, doc_ids,
-                                   split.qrels, mode=ecfg.mode, depth=ecfg.depth,
+                                   split.qrels, mode=ecfg.mode, depth=depth,
                                    candidates=cands, measures=measures)
 
+  # Dev evaluations only need the depth of their measures (all @k), not the run's full depth.
   dev_measures = sorted({tcfg.select_metric, "ndcg@10", "mrr@10"})
+  dev_depth = (max(int(m.split("@")[1]) for m in dev_measures)
+               if all("@" in m for m in dev_measures) else ecfg.depth)
   evaluate = None
   if splitset.dev.query_ids:
-    evaluate = lambda p: evaluate_on(splitset.dev, p, dev_measures)[0]["mean"]
+    evaluate = lambda p: evaluate_on(splitset.dev, p, dev_measures, dev_depth)[0]["mean"]
   has_params = bool(jax.tree.leaves(params))
   if has_params:
     result = fit(module, params, emb.queries[train_rows], docs, ts, tcfg, config.seed,
                  evaluate=evaluate,
                  checkpoint_dir=os.path.join(workdir, "checkpoints") if workdir else None,
-                 log_dir=os.path.join(workdir, "tb") if workdir else None, progress=progress)
+                 log_dir=os.path.join(workdir, "tb") if workdir else None,
+                 aux_loss=aux_loss, progress=progress)
     params, history, best_step, temperature = (result.params, result.history, result.best_step,
                                                result.temperature)
   else:
     history, best_step, temperature = [], 0, None
   dev = evaluate(params) if evaluate is not None else {}
-  metrics, run = evaluate_on(splitset.test, params, tuple(ecfg.measures))
+  metrics, run = evaluate_on(splitset.test, params, tuple(ecfg.measures), ecfg.depth)
   return {"metrics": metrics["mean"], "per_query": metrics["per_query"], "dev": dev,
           "history": history, "best_step": best_step, "mode": ecfg.mode, "params": params,
           "run": run, "temperature": temperature}
