@@ -1,5 +1,4 @@
 """Theorem 3 (pointwise bound + tightness), SVD factors and rank selection."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

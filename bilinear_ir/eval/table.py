@@ -115,7 +115,7 @@ def run(config, workdir: str) -> report.Report:
                  "dev": dot["dev"], "seeds": 1,
                  "unseen_docs": {m0: _subset_mean(dot["per_query"], unseen, m0)}})
     test_rows = prepared.query_row_index(test.query_ids)
-    bm25_metrics, runs[f"bm25"] = ranking.evaluate_run(
+    bm25_metrics, runs["bm25"] = ranking.evaluate_run(
         test.query_ids, prepared.collection.doc_ids, prepared.bm25_idx[test_rows],
         prepared.bm25_scores[test_rows], test.qrels, measures)
     rows.append({**base, "scorer": "bm25", "rank": None, "residual": None, "mode": "full",
