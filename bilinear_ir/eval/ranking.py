@@ -6,6 +6,7 @@ given candidates per query (e.g. BM25's top 1,000, as the bilinear paper's publi
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -33,8 +34,65 @@ def _num_rows(feats: Any) -> int:
   return _as_tuple(feats)[0].shape[0]
 
 
+BLOCK_BYTES = 1 << 28  # scratch memory of one score_all block of a table-less scorer (256 MiB)
+_PROBE = (8, 256)  # (queries, docs) of the block compiled to measure a scorer's bytes per pair
+_bytes_per_pair_cache: dict[tuple, float] = {}
+
+
+@functools.partial(jax.jit, static_argnames=("module",))
+def _score_block(params: Any, q: tuple, d: tuple, *, module: nn.Module) -> jnp.ndarray:
+  """score_all of one block: q ([B, ...],) and d ([C, ...],) feature tuples -> [B, C].
+
+  Module-level and keyed on the (hashable) module, so repeated evaluations of one model (dev
+  evaluation during training, several seeds) reuse the compiled block.
+  """
+  return module.apply({"params": params}, *q, *d, method=module.score_all)
+
+
+def _spec(feats: Any, rows: int) -> tuple:
+  return tuple(jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype)
+               for x in _as_tuple(feats))
+
+
+def bytes_per_pair(module: nn.Module, params: Any, q_feats: Any, d_feats: Any) -> float:
+  """Scratch bytes XLA allocates per (query, doc) pair in `score_all` (e.g. MoL's [B, N, P]
+  logits and [B, N, gate_hidden] gate activations), from the compiled memory analysis of one
+  `_PROBE` block; cached per module and feature shapes. 0 when the backend reports none."""
+  key = (module, _spec(q_feats, 0), _spec(d_feats, 0))
+  if key not in _bytes_per_pair_cache:
+    nq, nd = _PROBE
+    p_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    compiled = _score_block.lower(p_spec, _spec(q_feats, nq), _spec(d_feats, nd),
+                                  module=module).compile()
+    try:
+      analysis = compiled.memory_analysis()
+    except NotImplementedError:  # a backend without memory analysis: keep the asked chunks
+      analysis = None
+    temp = getattr(analysis, "temp_size_in_bytes", 0) if analysis is not None else 0
+    _bytes_per_pair_cache[key] = float(temp) / (nq * nd)
+  return _bytes_per_pair_cache[key]
+
+
+def block_chunks(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, query_chunk: int,
+                 doc_chunk: int, block_bytes: int = BLOCK_BYTES) -> tuple[int, int]:
+  """(query_chunk, doc_chunk) no larger than asked, with one block within `block_bytes`.
+
+  The doc chunk is kept as long as possible (fewer top-k merges) and the query chunk shrinks
+  first; a doc chunk alone over budget shrinks too (never below one row).
+  """
+  n_q, n_d = max(_num_rows(q_feats), 1), max(_num_rows(d_feats), 1)
+  query_chunk, doc_chunk = min(query_chunk, n_q), min(doc_chunk, n_d)
+  per_pair = bytes_per_pair(module, params, q_feats, d_feats)
+  if per_pair <= 0:
+    return query_chunk, doc_chunk
+  pairs = max(int(block_bytes // per_pair), 1)
+  doc_chunk = min(doc_chunk, pairs)
+  return min(query_chunk, max(pairs // doc_chunk, 1)), doc_chunk
+
+
 def score_topk(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, k: int,
-               doc_chunk: int = 8192, query_chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+               doc_chunk: int = 8192, query_chunk: int = 1024,
+               block_bytes: int = BLOCK_BYTES) -> tuple[np.ndarray, np.ndarray]:
   """Exact top-k of every query over the whole corpus.
 
   Args:
@@ -42,6 +100,9 @@ def score_topk(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, k: in
     q_feats: [Q, ...] query features (an array or a tuple such as (tokens, mask)).
     d_feats: [N, ...] doc features.
     k: how many docs per query (clipped to N).
+    doc_chunk, query_chunk: the largest blocks scored at once.
+    block_bytes: table-less scorers only: the chunks shrink until one [query_chunk, doc_chunk]
+      block of `score_all` needs at most this much scratch memory (`block_chunks`).
 
   Returns:
     (idx [Q, k] int doc rows, scores [Q, k] float32), best first, ties to the lower doc row.
@@ -58,14 +119,15 @@ def score_topk(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, k: in
     res = exact.topk(qt, dt, k)
     return np.asarray(res.ids), np.asarray(res.scores)
   # No tables (MoL, late interaction): score doc chunks and keep a running top-k, so memory is
-  # bounded by one [query_chunk, doc_chunk] block.
-  score = jax.jit(lambda q, d: module.apply(variables, *q, *d, method=module.score_all))
+  # bounded by one [query_chunk, doc_chunk] block, sized to `block_bytes`.
+  query_chunk, doc_chunk = block_chunks(module, params, q_feats, d_feats, query_chunk,
+                                        doc_chunk, block_bytes)
   out_idx, out_scores = [], []
   for qs in range(0, _num_rows(q_feats), query_chunk):
     q = _rows(q_feats, qs, qs + query_chunk)
     best = None
     for s in range(0, n_docs, doc_chunk):
-      scores = score(q, _rows(d_feats, s, s + doc_chunk))
+      scores = _score_block(params, q, _rows(d_feats, s, s + doc_chunk), module=module)
       ids = jnp.broadcast_to(jnp.arange(s, s + scores.shape[1], dtype=jnp.int32), scores.shape)
       if best is not None:
         scores = jnp.concatenate([best.scores, scores], axis=1)

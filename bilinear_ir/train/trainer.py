@@ -307,8 +307,9 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   batch_sh = (NamedSharding(mesh, P("data")), repl, NamedSharding(mesh, P("data", None)))
   step_fn = functools.partial(train_step, module=module, hp=hp, aux_loss=aux_loss)
   # The state is donated to each step, so it must not share buffers with params0 / best.
-  state = {"params": jax.tree.map(jnp.copy, params0), "opt_state": tx.init(params0),
-           "step": jnp.zeros((), jnp.int32)}
+  # Placed like the step's outputs (replicated), so the first step does not compile once more.
+  state = jax.device_put({"params": jax.tree.map(jnp.copy, params0),
+                          "opt_state": tx.init(params0), "step": jnp.zeros((), jnp.int32)}, repl)
   best = {"params": params0}
   record = {"step": 0, "best_step": 0, "best_metric": None, "history": []}
   ckpt = None
