@@ -22,60 +22,16 @@ Storage: bytes of one stored doc (`multivector.bytes_per_doc`) in `--dtype`, and
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import statistics
-import time
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bilinear_ir import files, scorers
+from bilinear_ir.eval.latency import de_case, hardware, late_case, mebert_case, timed
 from bilinear_ir.scorers import late_interaction, multivector  # noqa: F401  (registers them)
 
 PAPER_MS = {"DE": 42, "ColBERT": 62, "LITE": 111, "small LITE": 56}  # LITE paper Table 3
-
-
-def hardware() -> str:
-  """One line: CPU model, core count, jax backend and devices."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  dev = jax.devices()[0]
-  return (f"{cpu}; {os.cpu_count()} cores; jax {jax.__version__} {dev.platform} "
-          f"({jax.device_count()} x {dev.device_kind})")
-
-
-def timed(fn: Callable[[], Any], repeats: int) -> float:
-  """Median latency in ms of `repeats` calls of `fn` after 3 warm-up calls."""
-  for _ in range(3):
-    jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append((time.perf_counter() - t0) * 1e3)
-  return statistics.median(times)
-
-
-def late_case(module: Any, params: Any, q, qm, d, dm, dtype) -> tuple[Callable, int, int]:
-  """(timed call, stored tokens per doc, stored width) for a late-interaction scorer."""
-  stored, stored_mask = jax.jit(lambda d, dm: module.apply(
-      {"params": params}, d, dm, method=module.encode_docs))(d, dm)
-  stored = jax.block_until_ready(stored.astype(dtype))
-
-  @jax.jit
-  def score(q, qm, stored, stored_mask):
-    eq, eqm = module.apply({"params": params}, q, qm, method=module.encode_queries)
-    return module.apply({"params": params}, eq, eqm, stored, stored_mask,
-                        method=module.score_all_encoded)
-
-  return (lambda: score(q, qm, stored, stored_mask)), stored.shape[1], stored.shape[2]
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -90,12 +46,7 @@ def run(args: argparse.Namespace) -> list[dict]:
   common = {"query_len": args.tq, "doc_len": args.td, "doc_chunk": args.docs}
   cases = []
 
-  de = scorers.build("dot", dim=n)
-  pooled = jax.block_until_ready(jnp.mean(d, axis=1).astype(dtype))
-  de_score = jax.jit(lambda q, qm, docs: de.apply(
-      {}, jnp.sum(jnp.where(qm[..., None], q, 0), 1) / jnp.sum(qm, 1, keepdims=True),
-      docs.astype(jnp.float32), method=de.score_all))
-  cases.append(("DE", lambda: de_score(q, qm, pooled), 1, n))
+  cases.append(("DE", *de_case(q, qm, jnp.mean(d, axis=1), dtype)))
 
   for label, name, kw in (
       ("ColBERT", "colbert", {}),
@@ -110,16 +61,7 @@ def run(args: argparse.Namespace) -> list[dict]:
   me = scorers.build("mebert", dim=n, num_vectors=args.mebert_m, query_len=args.tq,
                      doc_len=args.td)
   me_params = jax.jit(lambda k: scorers.init_params(me, k))(key)
-  vecs, valid = jax.jit(lambda d, dm: me.apply({"params": me_params}, d, dm,
-                                               method=me.doc_vectors))(d, dm)
-  vecs = jax.block_until_ready(vecs.astype(dtype))
-
-  @jax.jit
-  def me_score(q, qm, vecs, valid):
-    qv = me.apply({"params": me_params}, q, qm, method=me.query_table)
-    return me.apply({"params": me_params}, qv, vecs, valid, method=me.score_all_encoded)
-
-  cases.append(("ME-BERT", lambda: me_score(q, qm, vecs, valid), args.mebert_m, vecs.shape[2]))
+  cases.append(("ME-BERT", *mebert_case(me, me_params, q, qm, d, dm, dtype)))
 
   rows = []
   for label, fn, tokens, width in cases:

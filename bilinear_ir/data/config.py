@@ -37,6 +37,9 @@ def encoder_config() -> ml_collections.ConfigDict:
     pooling: "mean" (masked mean of token states) or "cls".
     normalize: L2-normalise the pooled vectors.
     max_length: tokens per text (queries and docs are padded/truncated to fixed shapes).
+    query_max_length: Tq, tokens kept per query in token-level embeddings (multi-vector and
+      late-interaction scorers; 32 as ColBERT).
+    doc_max_length: Td, tokens kept per doc in token-level embeddings; 0 means `max_length`.
     batch_size: texts per encoder call (fixed, so there is one compilation).
     cache_dir: where `.npy` + manifest caches live; "" means `$BILINEAR_IR_CACHE` or
       `~/.cache/bilinear_ir`.
@@ -46,6 +49,8 @@ def encoder_config() -> ml_collections.ConfigDict:
   c.pooling = "mean"
   c.normalize = True
   c.max_length = 256
+  c.query_max_length = 32
+  c.doc_max_length = 0
   c.batch_size = 64
   c.cache_dir = ""
   return c

@@ -1,0 +1,101 @@
+r"""late_interaction: DE, ColBERT, ME-BERT, LITE, flattened LITE, KNRM and a hybrid on SciFact.
+
+  python -m bilinear_ir.main --config=configs/late_interaction.py --workdir=runs/late_interaction
+
+The LITE paper's frozen-encoder ablation (appendix A.4) on SciFact: frozen all-MiniLM-L6-v2 token
+outputs (Tq = 32, Td = 128, cached once on disk), re-ranking of BM25 top-100 + 100 random docs per
+test query (no judged docs injected), scorers trained on SciFact train (dev carved out for
+selection), and KL / margin-MSE distillation of separable LITE from the better (on dev) of BM25
+and a bilinear similarity trained on the pooled embeddings (bilinear_ir/eval/late_interaction.py).
+
+Args (after `:`): seed, steps (training steps of every trained row), td (doc tokens Td),
+distill (bool: the distillation rows), quick (bool: 40 steps, LITE/KNRM/colbert rows only, no
+distillation — a smoke run on the real data).
+"""
+from ml_collections import ConfigDict
+
+from bilinear_ir import config_args
+from bilinear_ir.data import config as data_config
+from bilinear_ir.data import pipeline
+from bilinear_ir.eval import ranking
+from bilinear_ir.train import trainer
+
+
+def get_config(arg=None):
+  a = config_args.parse(arg, {"seed": 0, "steps": 100, "td": 128, "distill": True,
+                              "quick": False})
+  c = ConfigDict()
+  c.job = "late_interaction"
+  c.seed = a["seed"]                 # splits, inits, batches, random candidates
+  c.data = data_config.data_config()          # the shipped SciFact: train (dev carved out), test
+  c.encoder = data_config.encoder_config()    # all-MiniLM-L6-v2: pooled (DE) + token outputs
+  c.encoder.query_max_length = 32    # Tq query tokens (12% of SciFact claims are longer)
+  # Td doc tokens. SciFact abstracts have a median of 316 tokens (98% are cut at 128, 91% at 180,
+  # 71% at 256); the token cache is 509 MB at 128 (float16), 716 MB at 180, 1.02 GB at 256, and
+  # every late-interaction scorer's cost grows linearly in Td: 128 keeps the job near 15 min.
+  c.encoder.doc_max_length = a["td"]
+  c.bm25 = pipeline.bm25_config()             # candidates, hard negatives, BM25 teacher, hybrid
+  c.rerank = ConfigDict()
+  c.rerank.bm25_depth = 100          # BM25 candidates per query
+  c.rerank.random_docs = 100         # + random docs from the rest of the corpus (seeded)
+
+  # Table rows, in order: "dot" (DE, pooled mean embeddings), names of c.models, "hybrid".
+  # "colbert_proj" (ColBERT with a trained P' = 128 projection) is defined but left out by
+  # default to keep the job within ~15 minutes on 2 CPU cores.
+  c.rows = ("dot", "colbert", "mebert", "lite", "lite_flat", "knrm", "hybrid")
+  # Row name -> registry scorer + options (query_len / doc_len come from c.encoder).
+  c.models = ConfigDict({
+      "colbert": {"scorer": "colbert"},                       # sum-max on raw tokens: untrained
+      "colbert_proj": {"scorer": "colbert", "token_dim": 128,  # ColBERT's P' = 128 projection
+                       "normalize": True},
+      "mebert": {"scorer": "mebert", "num_vectors": 8, "proj_dim": 128, "query_pool": "mean"},
+      "lite": {"scorer": "lite", "m1": 32, "m2": 256},        # paper: m1 360, m2 2400 (A.1)
+      "lite_flat": {"scorer": "lite_flat", "width": 256},
+      "knrm": {"scorer": "knrm"},
+  })
+  c.train = trainer.train_config()   # shared recipe of the trained rows (cross entropy)
+  c.train.loss = "softmax"
+  c.train.auto_temperature = True    # temperature = 0.1 x std of the initial scores
+  c.train.temperature = 0.1
+  c.train.batch_size = 16            # B queries; C = 3B candidates, all B x C pairs scored
+  c.train.hard_negatives = 1         # one BM25 top-100 negative + one random per query
+  c.train.random_negatives = 1
+  c.train.in_batch = True
+  c.train.steps = a["steps"]         # 100 x 16 pairs ~ 2 epochs of SciFact train
+  c.train.lr = 3e-3                  # on dev (100 steps), 3e-3 beat 1e-3 for lite, lite_flat
+  c.train.warmup_steps = 10
+  c.train.eval_every = 50            # dev re-ranking for model selection
+  c.train_overrides = ConfigDict({   # row name -> {field: value} changes to c.train
+      "knrm": {"lr": 1e-3}})         # and mebert; 1e-3 was better for knrm
+  c.distill = ConfigDict()
+  c.distill.scorers = ("lite",) if a["distill"] else ()  # rows also trained by distillation
+  c.distill.losses = ("kl", "margin_mse")
+  c.distill.teacher = "best"         # "bm25", "bilinear" or "best" (higher dev select_metric)
+  c.distill.teacher_temperature = 0.3  # x the teacher's score std over BM25 top-100 lists
+  c.teacher = ConfigDict()           # the bilinear teacher on pooled mean embeddings
+  c.teacher.model = trainer.model_config()
+  c.teacher.model.scorer = "bilinear"
+  c.teacher.train = trainer.train_config()  # the reproduce_table recipe
+  c.teacher.train.auto_temperature = True
+  c.teacher.train.temperature = 0.1
+  c.teacher.train.batch_size = 128
+  c.teacher.train.epochs = 40
+  c.teacher.train.eval_every = 25
+  c.hybrid = ranking.hybrid_config()  # lam grid, min-max normalisation, dev measure
+  c.eval = trainer.eval_config()     # measures (and the teacher's own full-ranking evaluation)
+  c.storage = ConfigDict()
+  c.storage.dtype = "float16"        # stored doc vectors (as the token cache); bytes_per_doc
+  c.storage.doc_tokens = (100, 50, 32)      # L2' rows of the storage table
+  c.storage.token_dims = (128, 64, 32)      # P' rows of the storage table
+  c.storage.dtypes = ("float32", "float16")
+  c.latency = ConfigDict()
+  c.latency.docs = 100               # 1 query x 100 stored docs (LITE paper Table 3)
+  c.latency.repeats = 20             # timed calls per round (median)
+  c.latency.rounds = 3               # rounds over all rows in turn (median of round medians)
+  c.distributed = False
+  if a["quick"]:
+    c.rows = ("dot", "colbert", "lite", "knrm", "hybrid")
+    c.train.steps = 40
+    c.train.eval_every = 20
+    c.distill.scorers = ()
+  return c

@@ -1,0 +1,235 @@
+"""The late_interaction job: candidates, distillation in the trainer, the job through main."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bilinear_ir import scorers
+from bilinear_ir.data.batches import TrainSet
+from bilinear_ir.errors import InputError
+from bilinear_ir.eval import late_interaction as job
+from bilinear_ir.train import trainer
+from conftest import REPO, write_beir
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidates: BM25 top-n + random, judged docs never added.
+
+
+def test_candidates_are_bm25_top_plus_distinct_random_docs():
+  rng = np.random.default_rng(0)
+  n_docs, depth, extra = 300, 20, 30
+  bm25 = np.stack([rng.permutation(n_docs)[:50] for _ in range(12)])
+  rows = np.array([3, 7, 0, 11])
+  c = job.rerank_candidates(bm25, rows, n_docs, depth, extra, seed=5)
+  assert c.shape == (4, depth + extra)
+  for i, r in enumerate(rows):
+    np.testing.assert_array_equal(c[i, :depth], bm25[r, :depth])  # BM25 order kept
+    drawn = c[i, depth:]
+    assert len(set(drawn)) == extra and not set(drawn) & set(bm25[r, :depth])
+    assert np.all(np.diff(drawn) > 0) and drawn.min() >= 0 and drawn.max() < n_docs
+  # A query's candidates do not depend on the other queries asked for; the seed changes them.
+  np.testing.assert_array_equal(job.rerank_candidates(bm25, rows[1:2], n_docs, depth, extra, 5),
+                                c[1:2])
+  assert not np.array_equal(job.rerank_candidates(bm25, rows, n_docs, depth, extra, 6)[:, depth:],
+                            c[:, depth:])
+  # The random part is uniform over the docs outside the BM25 list (numpy twin of the draw).
+  rest = np.setdiff1d(np.arange(n_docs), bm25[7, :depth])
+  twin = np.sort(np.random.default_rng([5, 7, 7]).choice(rest, size=extra, replace=False))
+  np.testing.assert_array_equal(c[1, depth:], twin)
+
+
+def test_small_corpus_pads_and_positives_are_not_injected():
+  bm25 = np.array([[4, 2, 0, 1, 3, 5]])
+  c = job.rerank_candidates(bm25, np.array([0]), num_docs=6, bm25_depth=2, random_docs=10,
+                            seed=0)
+  np.testing.assert_array_equal(c[0, :2], [4, 2])
+  assert sorted(c[0, 2:6]) == [0, 1, 3, 5] and np.all(c[0, 6:] == -1)
+  # A judged doc outside the BM25 top-n is a candidate only if the random draw hits it.
+  bm25 = np.tile(np.arange(100), (1, 1))
+  c = job.rerank_candidates(bm25, np.array([0]), num_docs=1000, bm25_depth=10, random_docs=5,
+                            seed=1)
+  doc_ids = [f"d{i}" for i in range(1000)]
+  missing = next(d for d in range(10, 1000) if d not in c[0])
+  qrels = {"q": {"d3": 1, f"d{missing}": 1, "d7": 0}}
+  assert job.candidate_recall(c, ["q"], doc_ids, qrels) == pytest.approx(0.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Distillation losses inside the trainer.
+
+
+def _batch(rng, n_q=6, n_docs=20, dim=5, b=4, m=2):
+  q = rng.normal(size=(n_q, dim)).astype(np.float32)
+  d = rng.normal(size=(n_docs, dim)).astype(np.float32)
+  teacher = rng.normal(size=(n_q, n_docs)).astype(np.float32) * 3
+  q_rows = rng.choice(n_q, b, replace=False).astype(np.int32)
+  cand = rng.integers(0, n_docs, b * (1 + m)).astype(np.int32)
+  mask = rng.random((b, b * (1 + m))) > 0.2
+  mask[np.arange(b), np.arange(b)] = True
+  return q, d, teacher, q_rows, cand, mask
+
+
+def _np_kl(s, t, mask, temp, t_temp):
+  out = []
+  for srow, trow, mrow in zip(s, t, mask):
+    ls = srow[mrow] / temp
+    lt = trow[mrow] / t_temp
+    ps = np.exp(ls - ls.max()) / np.exp(ls - ls.max()).sum()
+    pt = np.exp(lt - lt.max()) / np.exp(lt - lt.max()).sum()
+    out.append(np.sum(pt * (np.log(pt) - np.log(ps))))
+  return np.mean(out)
+
+
+def _np_margin_mse(s, t, mask, t_temp):
+  t = t / t_temp
+  out = []
+  for i in range(s.shape[0]):
+    neg = mask[i] & (np.arange(s.shape[1]) != i)
+    out.append(np.sum(((t[i, i] - t[i, neg]) - (s[i, i] - s[i, neg])) ** 2))
+  return np.mean(out)
+
+
+@pytest.mark.parametrize("loss", ["kl", "margin_mse"])
+def test_trainer_distillation_loss_equals_numpy(loss):
+  rng = np.random.default_rng(1)
+  q, d, teacher, q_rows, cand, mask = _batch(rng)
+  module = scorers.build("wdp", dim=q.shape[1])
+  params = {"v": jnp.asarray(rng.uniform(0.5, 1.5, q.shape[1]), jnp.float32)}
+  hp = trainer.StepConfig(loss=loss, temperature=0.7, margin=1.0, batch_size=4, negatives=2,
+                          l2_to_init=0.0, lr=1e-3, warmup_steps=1, total_steps=10,
+                          end_lr_fraction=0.1, weight_decay=0.0, clip_norm=1.0,
+                          teacher_temperature=2.5)
+  state = {"params": params, "opt_state": trainer.make_optimizer(hp, 10).init(params),
+           "step": jnp.zeros((), jnp.int32)}
+  _, stats = trainer.train_step(jax.tree.map(jnp.copy, state), params, q, d, q_rows, cand, mask,
+                                teacher, module=module, hp=hp)
+  s = (q[q_rows] * np.asarray(params["v"])) @ d[cand].T  # WDP scores [B, C]
+  t = teacher[q_rows][:, cand]
+  want = (_np_kl(s, t, mask, 0.7, 2.5) if loss == "kl" else _np_margin_mse(s, t, mask, 2.5))
+  assert float(stats["loss"]) == pytest.approx(want, rel=1e-4)
+
+
+def test_distillation_pulls_the_student_toward_the_teacher():
+  """A bilinear student distilled from a planted bilinear teacher learns its argmax."""
+  rng = np.random.default_rng(0)
+  n, n_docs, n_q = 8, 120, 300
+  w = np.eye(n) + rng.normal(size=(n, n))
+  docs = rng.normal(size=(n_docs, n)).astype(np.float32)
+  qs = rng.normal(size=(n_q, n)).astype(np.float32)
+  teacher = (qs @ w @ docs.T).astype(np.float32)
+  best = teacher.argmax(1)
+  module = scorers.build("bilinear", dim=n)
+  params = scorers.init_params(module, jax.random.key(0))
+  acc = lambda p: float(np.mean(np.asarray(module.apply(
+      {"params": p}, qs[250:], docs, method=module.score_all)).argmax(1) == best[250:]))
+  ts = TrainSet(np.stack([np.arange(250), best[:250]], 1), 250, n_docs)
+  cfg = trainer.train_config()
+  cfg.loss, cfg.steps, cfg.batch_size, cfg.lr = "margin_mse", 300, 32, 3e-2
+  cfg.hard_negatives, cfg.random_negatives, cfg.teacher_temperature = 0, 4, float(teacher.std())
+  res = trainer.fit(module, params, qs[:250], docs, ts, cfg, seed=0, progress=False,
+                    teacher_scores=teacher[:250])
+  assert acc(params) <= 0.2 and acc(res.params) >= 0.8, (acc(params), acc(res.params))
+
+
+def test_fit_refuses_missing_or_misshaped_teachers():
+  q = np.zeros((4, 3), np.float32)
+  d = np.zeros((6, 3), np.float32)
+  ts = TrainSet(np.array([[0, 1], [1, 2], [2, 3], [3, 4]]), 4, 6)
+  module = scorers.build("wdp", dim=3)
+  params = scorers.init_params(module, jax.random.key(0))
+  cfg = trainer.train_config()
+  cfg.steps, cfg.hard_negatives = 1, 0
+  for loss, teacher in (("kl", None), ("margin_mse", np.zeros((4, 5))),
+                        ("softmax", np.zeros((4, 6)))):
+    cfg.loss = loss
+    with pytest.raises(InputError):
+      trainer.fit(module, params, q, d, ts, cfg, 0, progress=False, teacher_scores=teacher)
+
+
+# ---------------------------------------------------------------------------------------------
+# The job end to end through main.
+
+
+def _config():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(
+      "late_interaction_config", os.path.join(REPO, "configs", "late_interaction.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+@pytest.mark.parametrize("field,value", [("rows", ("dot", "nope")), ("distill.teacher", "ce"),
+                                         ("distill.losses", ("softmax",)),
+                                         ("models.lite.m1", 0), ("rerank.bm25_depth", 0)])
+def test_bad_config_is_an_input_error_before_any_data_is_read(field, value):
+  config = _config()
+  *path, last = field.split(".")
+  node = config
+  for p in path:
+    node = node[p]
+  node[last] = value
+  with pytest.raises(InputError):
+    job._check(config)  # pylint: disable=protected-access
+  job._check(_config())  # pylint: disable=protected-access
+
+
+def test_job_end_to_end_writes_the_documented_rows(tmp_path, tiny_bert_dir):
+  beir = write_beir(str(tmp_path / "beir"), num_docs=60, num_queries=48)
+  w = tmp_path / "w"
+  cmd = [sys.executable, "-m", "bilinear_ir.main", "--config=configs/late_interaction.py",
+         f"--workdir={w}", "--config.data.format=beir", f"--config.data.path={beir}",
+         "--config.data.dev_fraction=0.25",
+         f"--config.encoder.model={tiny_bert_dir}", f"--config.encoder.cache_dir={tmp_path}/c",
+         "--config.encoder.max_length=32", "--config.encoder.query_max_length=8",
+         "--config.encoder.doc_max_length=16", "--config.rerank.bm25_depth=10",
+         "--config.rerank.random_docs=10", "--config.models.lite.m1=4",
+         "--config.models.lite.m2=8", "--config.models.lite_flat.width=8",
+         "--config.models.mebert.proj_dim=8", "--config.models.colbert_proj.token_dim=8",
+         "--config.train.steps=2", "--config.train.eval_every=2", "--config.train.batch_size=8",
+         "--config.train.auto_temperature=False", "--config.teacher.train.epochs=1",
+         "--config.teacher.train.eval_every=2", "--config.teacher.train.auto_temperature=False",
+         "--config.latency.docs=5", "--config.latency.repeats=1", "--config.latency.rounds=2",
+         # every documented scorer once (colbert untrained), one distillation loss (compiles
+         # dominate this test; the other loss is checked against numpy above)
+         "--config.rows=('dot','colbert','mebert','lite','lite_flat','knrm','hybrid')",
+         "--config.distill.losses=('kl',)"]
+  env = dict(os.environ, PYTHONPATH=REPO)
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  res = json.loads((w / "results.json").read_text())
+  by = {}
+  for r in res["rows"]:
+    assert r["mode"] == "rerank" and r["encoder"] == "frozen"
+    assert set(r["metrics"]) == {"ndcg@10", "mrr@10", "map", "recall@100"}
+    assert all(0.0 <= v <= 1.0 for v in r["metrics"].values())
+    assert isinstance(r["bytes_per_doc"], int) and isinstance(r["ms_1q_100d"], float)
+    assert r["ms_1q_100d"] > 0
+    by[r["row"]] = r
+  assert {r["scorer"] for r in res["rows"]} == {"dot", "colbert", "mebert", "lite", "lite_flat",
+                                                 "knrm", "hybrid"}
+  # Bytes per doc in float16 (2 bytes): DE one n = 32 vector; ColBERT Td x n; ME-BERT m = 8
+  # vectors of width 8; LITE Td x n.
+  assert by["dot"]["bytes_per_doc"] == 32 * 2
+  assert by["colbert"]["bytes_per_doc"] == 16 * 32 * 2 and not by["colbert"]["trained"]
+  assert by["mebert"]["bytes_per_doc"] == 8 * 8 * 2
+  assert by["lite"]["bytes_per_doc"] == by["lite_flat"]["bytes_per_doc"] == 16 * 32 * 2
+  # Distillation rows of LITE with the teacher chosen on dev.
+  assert res["teacher"] in ("bm25", "bilinear")
+  t = res["teacher"]
+  dev = {k: v["dev"]["ndcg@10"] for k, v in res["teachers"].items()}
+  assert dev[t] == max(dev.values())
+  assert {(r["loss"], r["teacher"]) for r in res["rows"] if r["scorer"] == "lite"} == {
+      ("softmax", None), ("kl", t)}
+  hyb = next(r for r in res["rows"] if r["scorer"] == "hybrid")
+  assert hyb["dense"] in by and 0.0 <= hyb["lambda"] <= 1.0
+  assert res["candidates"]["positives_injected"] is False
+  assert 0.0 < res["candidates"]["recall"]["test"] <= 1.0
+  assert (w / "results.md").read_text().count("| ") > 10
