@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -47,20 +46,13 @@ from bilinear_ir.data import embeddings
 from bilinear_ir.data import loaders
 from bilinear_ir.data.config import data_config
 from bilinear_ir.data.config import encoder_config
+from bilinear_ir.eval import latency
 
 
 def hardware() -> str:
-  """CPU model, core count and the jax/torch versions."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
+  """The machine (eval.latency.hardware) and torch's version and threads."""
   import torch  # pylint: disable=g-import-not-at-top
-  dev = jax.devices()[0]
-  return (f"{cpu}; {os.cpu_count()} cores; jax {jax.__version__} {dev.platform} x "
-          f"{jax.device_count()}; torch {torch.__version__} ({torch.get_num_threads()} threads)")
+  return f"{latency.hardware()}; torch {torch.__version__} ({torch.get_num_threads()} threads)"
 
 
 def torch_hidden(model, tokenizer, texts: list[str], max_length: int, batch: int):

@@ -22,8 +22,6 @@ statistically). Ratio = JAX evals/s / numpy evals/s.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
 
 import jax
@@ -34,21 +32,9 @@ import scipy.sparse as sp
 from bilinear_ir import files
 from bilinear_ir.fidelity import experiments
 from bilinear_ir.fidelity import projections
+from bilinear_ir.eval import latency
 
 PAPER_K_GRID = (32, 64, 128) + tuple(256 * j for j in range(1, 38))
-
-
-def hardware() -> str:
-  """One line: CPU model, core count, jax backend and devices."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  dev = jax.devices()[0]
-  return (f"{cpu}; {os.cpu_count()} cores; jax {jax.__version__} {dev.platform} "
-          f"({jax.device_count()} x {dev.device_kind})")
 
 
 def make_data(rows: int, vocab: int, nnz: int, triples: int, seed: int):
@@ -102,7 +88,7 @@ def main():
     grid = grid + (args.k,)
   x, triples = make_data(args.rows, args.vocab, args.nnz, args.triples, args.seed)
   evals_per_trial = args.triples * len(grid)
-  print(hardware())
+  print(latency.hardware())
   print(f"rows {args.rows}, vocab {args.vocab}, nnz {x.nnz}, K {args.k}, grid {len(grid)} values, "
         f"triples {args.triples}, trials {args.trials}")
 
@@ -132,7 +118,7 @@ def main():
         f"mean error rate {np.mean(np_err):.4f}")
   print(f"ratio jax / numpy: {jax_rate / np_rate:.2f}x")
   if args.json:
-    files.atomic_write_json(args.json, {"hardware": hardware(), "evals_per_s": jax_rate,
+    files.atomic_write_json(args.json, {"hardware": latency.hardware(), "evals_per_s": jax_rate,
                                         "numpy_evals_per_s": np_rate,
                                         "ratio_vs_numpy": jax_rate / np_rate})
 

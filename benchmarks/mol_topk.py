@@ -27,8 +27,6 @@ TopKPerEmbd's Theorem-2 bound comes free with its lists.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
@@ -39,21 +37,9 @@ import numpy as np
 from bilinear_ir import files, scorers
 from bilinear_ir.retrieval import mol_topk
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
+from bilinear_ir.eval import latency
 
 HR_AT = (1, 10, 50, 100)
-
-
-def hardware() -> str:
-  """One line: CPU model, core count, jax backend and devices."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  dev = jax.devices()[0]
-  return (f"{cpu}; {os.cpu_count()} cores; jax {jax.__version__} {dev.platform} "
-          f"({jax.device_count()} x {dev.device_kind})")
 
 
 def synthetic(items: int, p_q: int, p_x: int, d_p: int, batch: int, seed: int,
@@ -183,7 +169,7 @@ def main() -> None:
   parser.add_argument("--json", default=None, help="write the rows here")
   args = parser.parse_args()
 
-  hw = hardware()
+  hw = latency.hardware()
   print(f"hardware: {hw}")
   rows = []
   for items in args.items:

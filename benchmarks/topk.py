@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -66,20 +65,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bilinear_ir import files, scorers  # noqa: E402
+from bilinear_ir.eval import latency  # noqa: E402
 from bilinear_ir.retrieval import certified, exact, sharded  # noqa: E402
 
 
 def hardware() -> str:
-  """One line: CPU model, cores, jax backend and devices, faiss threads."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  dev = jax.devices()[0]
-  line = (f"{cpu}; {os.cpu_count()} cores; jax {jax.__version__} {dev.platform} "
-          f"({jax.device_count()} x {dev.device_kind})")
+  """One line: the machine (eval.latency.hardware) and faiss's version and threads."""
+  line = latency.hardware()
   try:
     import faiss  # pylint: disable=g-import-not-at-top
     line += f"; faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads)"

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from typing import Any
@@ -57,22 +56,14 @@ import optax
 from bilinear_ir import files, scorers
 from bilinear_ir.data.batches import BatchSampler, TrainSet
 from bilinear_ir.train import trainer
+from bilinear_ir.eval import latency
 
 CASES = {"bilinear": {}, "lowrank": {"rank": 32, "residual": "none"}}
 
 
 def hardware(torch_version: str) -> str:
-  """One line: CPU model, core count, jax backend and devices, torch version and threads."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  dev = jax.devices()[0]
-  return (f"{cpu}; {os.cpu_count()} cores; jax {jax.__version__} {dev.platform} "
-          f"({jax.device_count()} x {dev.device_kind}); torch {torch_version} "
-          f"({os.cpu_count()} threads)")
+  """The machine (eval.latency.hardware), torch version and threads."""
+  return f"{latency.hardware()}; torch {torch_version} ({os.cpu_count()} threads)"
 
 
 def corpus(n: int, num_docs: int, num_queries: int, seed: int

@@ -59,3 +59,18 @@ def parse(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
                         file="config", field=key)
     out[key] = _coerce(key, value.strip(), defaults[key])
   return out
+
+
+def sibling_config(config_file: str, name: str, arg: str | None = None):
+  """`get_config(arg)` of `configs/<name>.py` next to `config_file` (a config's `__file__`).
+
+  For configs that share another's recipe, e.g. the MoL and low-rank analysis jobs reuse
+  configs/reproduce_table.py's training blocks.
+  """
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(os.path.abspath(config_file)), f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"bilinear_ir_config_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)

@@ -14,27 +14,15 @@ training seed by default (`seeds=0+1+2` averages the curves over three trained W
 Args (after `:`, comma separated): seeds (`seeds=0+1`), ranks (`ranks=8+32+96`), embeddings
 (`mean+cls`). Every field can also be set with `--config.FIELD=VALUE`.
 """
-import importlib.util
-import os
-
 from ml_collections import ConfigDict
 
 from bilinear_ir import config_args
 
 
-def _table_config():
-  """configs/reproduce_table.py's config (the training recipe this job shares with the table)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reproduce_table.py")
-  spec = importlib.util.spec_from_file_location("reproduce_table_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
-
 def get_config(arg=None):
   a = config_args.parse(arg, {"seeds": (0,), "embeddings": ("mean", "cls"),
                               "ranks": (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384)})
-  t = _table_config()
+  t = config_args.sibling_config(__file__, "reproduce_table")
   c = ConfigDict()
   c.job = "lowrank_analysis"
   c.seed = t.seed                 # splits (dev carve-out), as the table

@@ -14,28 +14,16 @@ mi_weights (`mi_weights=0.001+0`), embeddings (`mean+cls`), d_p, baselines (`wdp
 `none` for MoL rows only), quick (bool: one seed, P = 4, "mean" only: a smoke run). Every field
 can also be set with `--config.FIELD=VALUE`.
 """
-import importlib.util
-import os
-
 from ml_collections import ConfigDict
 
 from bilinear_ir import config_args
-
-
-def _table_config():
-  """configs/reproduce_table.py's config (the recipe the comparison rows share with the table)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reproduce_table.py")
-  spec = importlib.util.spec_from_file_location("reproduce_table_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def get_config(arg=None):
   a = config_args.parse(arg, {"seeds": (0, 1, 2), "components": (4,),
                               "mi_weights": (0.001, 0.0), "embeddings": ("mean", "cls"),
                               "d_p": 64, "baselines": ("wdp", "bilinear"), "quick": False})
-  t = _table_config()
+  t = config_args.sibling_config(__file__, "reproduce_table")
   c = ConfigDict()
   c.job = "mol"
   c.seed = 0                      # splits (dev carve-out); each model also runs every seed

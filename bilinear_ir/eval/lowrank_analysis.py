@@ -311,14 +311,14 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   out, info = {}, {}
   bar = tqdm(total=len(config.embeddings) * len(config.seeds), desc="full W", unit="model")
   for emb_name in config.embeddings:
-    cfg = table._embedding_config(config, emb_name)  # pylint: disable=protected-access
+    cfg = table.embedding_config(config, emb_name)
     prepared = pipeline.prepare(cfg)
     splitset = pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
     require(len(splitset.dev.query_ids) > 0, "rank selection needs a dev split; set "
             "data.dev_fraction > 0", field="data.dev_fraction")
     trained = []
     for seed in config.seeds:
-      model_cfg = table._model_config(cfg, spec, seed)  # pylint: disable=protected-access
+      model_cfg = table.model_config(cfg, spec, seed)
       res = trainer.train_and_evaluate(model_cfg, prepared, splitset, progress=False)
       trained.append((seed, np.asarray(res["params"]["W"], np.float32), res["best_step"]))
       bar.update(1)

@@ -46,10 +46,6 @@ BASELINES = ("wdp", "bilinear")
 ALGORITHMS = ("brute_force", "exact_two_pass", "topk_per_embedding", "topk_avg", "comb_topk")
 # The bilinear table's helpers, shared so both jobs split, configure and aggregate alike.
 # pylint: disable=protected-access
-_aggregate = table._aggregate  # [{measure: value}] over seeds -> (mean, std)
-_embedding_config = table._embedding_config  # config with the embedding's encoder + overrides
-_model_config = table._model_config  # config of one (scorer, rank, residual) row and seed
-_subset_mean = table._subset_mean  # mean of a measure over some queries' per-query values
 # pylint: enable=protected-access
 
 
@@ -93,7 +89,7 @@ def mol_grid(config) -> list[dict[str, Any]]:
 def _row_config(config, spec: dict[str, Any], seed: int):
   """The train_eval-style config of one row and seed (MoL rows get `config.mol_train` too)."""
   if spec["scorer"] != "mol":
-    return _model_config(config, {"rank": None, "residual": None, **spec}, seed)
+    return table.model_config(config, {"rank": None, "residual": None, **spec}, seed)
   c = copy.deepcopy(config)
   with c.unlocked():
     c.seed = seed
@@ -206,7 +202,7 @@ def _dev_mean(outs: list[dict[str, Any]], sel: str) -> float | None:
 def _unseen_mean(outs: list[dict[str, Any]], unseen: list[str], measure: str
                  ) -> dict[str, float]:
   """{measure: mean over seeds of its mean over the unseen-doc test queries}."""
-  return {measure: float(np.mean([_subset_mean(o["per_query"], unseen, measure)
+  return {measure: float(np.mean([table.subset_mean(o["per_query"], unseen, measure)
                                   for o in outs]))}
 
 
@@ -241,7 +237,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
              unit="model")
   blank = {"p_q": None, "p_x": None, "d_p": None, "mi_weight": None}
   for emb_name in config.embeddings:
-    cfg = _embedding_config(config, emb_name)
+    cfg = table.embedding_config(config, emb_name)
     prepared = pipeline.prepare(cfg)
     splitset = pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
     test = splitset.test
@@ -278,7 +274,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
                                              prepared.embeddings.docs,
                                              int(config.gate_sample_docs), seed))
         bar.update(1)
-      mean, std = _aggregate([o["metrics"] for o in outs], measures)
+      mean, std = table.aggregate([o["metrics"] for o in outs], measures)
       dev_mean = _dev_mean(outs, sel)
       row = {**base, **blank, **spec, "metrics": mean, "std": std, "dev": {sel: dev_mean},
              "seeds": len(outs), "best_steps": [o["best_step"] for o in outs],

@@ -40,7 +40,8 @@ def _label(spec: dict[str, Any]) -> str:
   return spec["scorer"]
 
 
-def _model_config(config, spec: dict[str, Any], seed: int):
+def model_config(config, spec: dict[str, Any], seed: int):
+  """A copy of `config` for one row `spec` ({"scorer", "rank", "residual"}) and `seed`."""
   c = copy.deepcopy(config)
   with c.unlocked():
     c.seed = seed
@@ -63,17 +64,20 @@ def unseen_doc_queries(collection, train_split: str, test) -> list[str]:
           if not any(rel > 0 and d in seen for d, rel in test.qrels[q].items())]
 
 
-def _subset_mean(per_query: dict[str, dict[str, float]], qids: list[str], measure: str) -> float:
+def subset_mean(per_query: dict[str, dict[str, float]], qids: list[str], measure: str) -> float:
+  """Mean of `measure` over the queries `qids` of per-query metrics (nan when empty)."""
   return float(np.mean([per_query[q][measure] for q in qids])) if qids else float("nan")
 
 
-def _aggregate(outs: list[dict[str, float]], measures) -> tuple[dict, dict]:
+def aggregate(outs: list[dict[str, float]], measures) -> tuple[dict, dict]:
+  """[{measure: value}] over seeds -> ({measure: mean}, {measure: std})."""
   mean = {m: float(np.mean([o[m] for o in outs])) for m in measures}
   std = {m: float(np.std([o[m] for o in outs])) for m in measures}
   return mean, std
 
 
-def _embedding_config(config, name: str):
+def embedding_config(config, name: str):
+  """A copy of `config` with the encoder of embedding `name` and its `train_overrides`."""
   pooling, normalize = EMBEDDINGS[name]
   c = copy.deepcopy(config)
   with c.unlocked():
@@ -93,14 +97,14 @@ def run(config, workdir: str) -> report.Report:
   require(len(config.seeds) >= 1, "needs at least one seed", field="seeds")
   grid = model_grid(config)
   for spec in grid:
-    trainer.check_model_config(_model_config(config, spec, 0).model)
+    trainer.check_model_config(model_config(config, spec, 0).model)
   measures = list(config.eval.measures)
   sel = config.train.select_metric
   rows, runs, unseen_counts = [], {}, {}
   bar = tqdm(total=len(config.embeddings) * len(grid) * len(config.seeds), desc="models",
              unit="model")
   for emb_name in config.embeddings:
-    cfg = _embedding_config(config, emb_name)
+    cfg = embedding_config(config, emb_name)
     prepared = pipeline.prepare(cfg)
     splitset = pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
     test = splitset.test
@@ -108,12 +112,12 @@ def run(config, workdir: str) -> report.Report:
     unseen = unseen_doc_queries(prepared.collection, cfg.data.train_split, test)
     m0 = measures[0]
 
-    dot_cfg = _model_config(cfg, {"scorer": "dot", "rank": None, "residual": None}, cfg.seed)
+    dot_cfg = model_config(cfg, {"scorer": "dot", "rank": None, "residual": None}, cfg.seed)
     dot = trainer.train_and_evaluate(dot_cfg, prepared, splitset, progress=False)
     rows.append({**base, "scorer": "dot", "rank": None, "residual": None,
                  "metrics": dot["metrics"], "std": {m: 0.0 for m in measures},
                  "dev": dot["dev"], "seeds": 1,
-                 "unseen_docs": {m0: _subset_mean(dot["per_query"], unseen, m0)}})
+                 "unseen_docs": {m0: subset_mean(dot["per_query"], unseen, m0)}})
     test_rows = prepared.query_row_index(test.query_ids)
     bm25_metrics, runs["bm25"] = ranking.evaluate_run(
         test.query_ids, prepared.collection.doc_ids, prepared.bm25_idx[test_rows],
@@ -121,22 +125,22 @@ def run(config, workdir: str) -> report.Report:
     rows.append({**base, "scorer": "bm25", "rank": None, "residual": None, "mode": "full",
                  "metrics": bm25_metrics["mean"], "std": {m: 0.0 for m in measures},
                  "seeds": 1,
-                 "unseen_docs": {m0: _subset_mean(bm25_metrics["per_query"], unseen, m0)}})
+                 "unseen_docs": {m0: subset_mean(bm25_metrics["per_query"], unseen, m0)}})
 
     trained = []
     for spec in grid:
       outs = []
       for seed in config.seeds:
-        out = trainer.train_and_evaluate(_model_config(cfg, spec, seed), prepared, splitset,
+        out = trainer.train_and_evaluate(model_config(cfg, spec, seed), prepared, splitset,
                                          progress=False)
         outs.append(out)
         bar.update(1)
-      mean, std = _aggregate([o["metrics"] for o in outs], measures)
+      mean, std = aggregate([o["metrics"] for o in outs], measures)
       dev_mean = float(np.mean([o["dev"][sel] for o in outs]))
       row = {**base, **spec, "metrics": mean, "std": std,
              "dev": {sel: dev_mean}, "seeds": len(outs),
              "best_steps": [o["best_step"] for o in outs],
-             "unseen_docs": {m0: float(np.mean([_subset_mean(o["per_query"], unseen, m0)
+             "unseen_docs": {m0: float(np.mean([subset_mean(o["per_query"], unseen, m0)
                                                 for o in outs]))}}
       rows.append(row)
       trained.append((spec, outs, dev_mean))
@@ -146,14 +150,14 @@ def run(config, workdir: str) -> report.Report:
     best_spec, best_outs, best_dev = max(trained, key=lambda t: t[2])
     hyb, lams, hyb_unseen = [], [], []
     for seed, out in zip(config.seeds, best_outs):
-      module = trainer.build_model(_model_config(cfg, best_spec, seed).model, prepared.dim)
+      module = trainer.build_model(model_config(cfg, best_spec, seed).model, prepared.dim)
       metrics, lam, run = ranking.evaluate_hybrid(module, out["params"], prepared,
                                                   splitset.dev, test, cfg.hybrid, measures)
       hyb.append(metrics["mean"])
-      hyb_unseen.append(_subset_mean(metrics["per_query"], unseen, m0))
+      hyb_unseen.append(subset_mean(metrics["per_query"], unseen, m0))
       lams.append(lam)
       runs[f"hybrid_{emb_name}_seed{seed}"] = run
-    mean, std = _aggregate(hyb, measures)
+    mean, std = aggregate(hyb, measures)
     rows.append({**base, "scorer": "hybrid", "rank": best_spec["rank"],
                  "residual": best_spec["residual"], "dense": _label(best_spec), "lambda": lams,
                  "metrics": mean, "std": std, "seeds": len(hyb),
