@@ -17,6 +17,7 @@ from bilinear_ir.data.batches import BatchSampler
 from bilinear_ir.eval import mol_table
 from bilinear_ir.eval import ranking
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
+from bilinear_ir.train import losses
 from bilinear_ir.train import trainer
 from conftest import REPO, write_beir
 
@@ -69,7 +70,7 @@ def test_train_and_evaluate_loss_is_ce_plus_alpha_l_mi(prepared):
   module = trainer.build_model(cfg.model, DIM)
   compiled = trainer.train_step._cache_size()  # pylint: disable=protected-access
   with_mi = trainer.train_and_evaluate(cfg, prep, splitset, progress=False,
-                                       aux_loss=mol_table.mi_loss(module))
+                                       aux_loss=losses.mi_loss(module))
   without = trainer.train_and_evaluate(cfg, prep, splitset, progress=False, aux_loss=None)
   # One compiled step per run (the initial state is placed like the step's outputs).
   assert trainer.train_step._cache_size() == compiled + 2  # pylint: disable=protected-access
@@ -114,17 +115,17 @@ def test_train_and_evaluate_loss_is_ce_plus_alpha_l_mi(prepared):
   with cfg.unlocked():
     cfg.seed = 1
   trainer.train_and_evaluate(cfg, prep, splitset, progress=False,
-                             aux_loss=mol_table.mi_loss(trainer.build_model(cfg.model, DIM)))
+                             aux_loss=losses.mi_loss(trainer.build_model(cfg.model, DIM)))
   assert trainer.train_step._cache_size() == steps
   assert ranking._score_block._cache_size() == blocks
 
 
 def test_mi_loss_compares_by_module_and_is_none_without_weight():
-  a = mol_table.mi_loss(scorers.build("mol", dim=DIM, p_q=2, p_x=2, mi_weight=0.1))
-  b = mol_table.mi_loss(scorers.build("mol", dim=DIM, p_q=2, p_x=2, mi_weight=0.1))
-  c = mol_table.mi_loss(scorers.build("mol", dim=DIM, p_q=2, p_x=2, mi_weight=0.2))
+  a = losses.mi_loss(scorers.build("mol", dim=DIM, p_q=2, p_x=2, mi_weight=0.1))
+  b = losses.mi_loss(scorers.build("mol", dim=DIM, p_q=2, p_x=2, mi_weight=0.1))
+  c = losses.mi_loss(scorers.build("mol", dim=DIM, p_q=2, p_x=2, mi_weight=0.2))
   assert a == b and hash(a) == hash(b) and a != c
-  assert mol_table.mi_loss(scorers.build("mol", dim=DIM, mi_weight=0.0)) is None
+  assert losses.mi_loss(scorers.build("mol", dim=DIM, mi_weight=0.0)) is None
 
 
 def test_gate_entropies_closed_forms():

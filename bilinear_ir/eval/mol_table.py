@@ -8,7 +8,7 @@ For each frozen embedding of the bilinear table (`eval.table.EMBEDDINGS`: "mean"
   * MoL (`scorers.mol`, "vector" inputs: a two-layer MLP per side makes the P_q / P_x components)
     for every P_q = P_x in `config.components` and every L_MI weight alpha in `config.mi_weights`
     (paper: 0.001; 0 = no load balancing), trained with the same trainer, plus the MoL changes of
-    `config.mol_train`. L_MI enters the loss through the trainer's `aux_loss` hook (`MiLoss`).
+    `config.mol_train`. L_MI enters the loss through the trainer's `aux_loss` hook (`train.losses.MiLoss`).
 
 Every learned row runs every seed of `config.seeds` and is reported as mean +- std over seeds;
 every model is selected on the dev split carved out of train, test is only evaluated.
@@ -24,13 +24,10 @@ bound held, the most items each re-scores with MoL, and its time relative to bru
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from typing import Any
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bilinear_ir.data import pipeline
@@ -47,29 +44,6 @@ ALGORITHMS = ("brute_force", "exact_two_pass", "topk_per_embedding", "topk_avg",
 # The bilinear table's helpers, shared so both jobs split, configure and aggregate alike.
 # pylint: disable=protected-access
 # pylint: enable=protected-access
-
-
-@dataclasses.dataclass(frozen=True)
-class MiLoss:
-  """The trainer's `aux_loss` for MoL: `mi_weight * L_MI` of the batch's gates.
-
-  A frozen dataclass compares and hashes by its module, so runs of the same MoL configuration
-  (other seeds) reuse the compiled train step.
-
-  Attributes:
-    module: the `Mol` scorer being trained (its `mi_weight` is alpha).
-  """
-  module: nn.Module
-
-  def __call__(self, params: Any, q: tuple, docs: tuple) -> jnp.ndarray:
-    """q ([B, n],), docs ([C, n],) -> alpha * L_MI over the B x C gates (B, C, P)."""
-    gates = self.module.apply({"params": params}, *q, *docs, method=self.module.gates)
-    return self.module.mi_weight * losses.mol_load_balancing_loss(gates)
-
-
-def mi_loss(module: nn.Module) -> MiLoss | None:
-  """The `aux_loss` of a MoL scorer, None when its `mi_weight` is 0 (no extra forward pass)."""
-  return MiLoss(module) if module.mi_weight > 0 else None
 
 
 def gate_entropies(gates: np.ndarray) -> tuple[float, float]:
@@ -265,7 +239,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       for seed in config.seeds:
         rc = _row_config(cfg, spec, seed)
         module = trainer.build_model(rc.model, prepared.dim)
-        aux = mi_loss(module) if spec["scorer"] == "mol" else None
+        aux = losses.mi_loss(module) if spec["scorer"] == "mol" else None
         out = trainer.train_and_evaluate(rc, prepared, splitset, progress=False, aux_loss=aux)
         outs.append(out)
         if spec["scorer"] == "mol":

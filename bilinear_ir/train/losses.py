@@ -4,6 +4,10 @@ Shapes: `B` queries in a batch, `C` candidate docs per query (1 positive + negat
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -129,3 +133,26 @@ def mol_load_balancing_loss(gates: jnp.ndarray, mask: jnp.ndarray | None = None)
   neg_entropy = lambda x: jnp.sum(x * jnp.log(jnp.maximum(x, tiny)), axis=-1)  # -H, finite grads
   p = jnp.sum(w[:, None] * g, axis=0)
   return neg_entropy(p) - jnp.sum(w * neg_entropy(g))
+
+
+@dataclasses.dataclass(frozen=True)
+class MiLoss:
+  """The trainer's `aux_loss` for MoL: `mi_weight * L_MI` of the batch's gates.
+
+  A frozen dataclass compares and hashes by its module, so runs of the same MoL configuration
+  (other seeds) reuse the compiled train step.
+
+  Attributes:
+    module: the `Mol` scorer being trained (its `mi_weight` is alpha).
+  """
+  module: nn.Module
+
+  def __call__(self, params: Any, q: tuple, docs: tuple) -> jnp.ndarray:
+    """q ([B, n],), docs ([C, n],) -> alpha * L_MI over the B x C gates (B, C, P)."""
+    gates = self.module.apply({"params": params}, *q, *docs, method=self.module.gates)
+    return self.module.mi_weight * mol_load_balancing_loss(gates)
+
+
+def mi_loss(module: nn.Module) -> MiLoss | None:
+  """The `aux_loss` of a MoL scorer, None when its `mi_weight` is 0 (no extra forward pass)."""
+  return MiLoss(module) if module.mi_weight > 0 else None

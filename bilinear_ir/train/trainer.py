@@ -442,7 +442,7 @@ def check_model_config(model_cfg: ml_collections.ConfigDict, dim: int = 8) -> No
 
 def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
                        workdir: str | None = None, progress: bool = True,
-                       aux_loss: Callable[[Any, tuple, tuple], jnp.ndarray] | None = None
+                       aux_loss: Callable[[Any, tuple, tuple], jnp.ndarray] | None | str = "auto"
                        ) -> dict[str, Any]:
   """Trains `config.model` on `splitset.train`, selects on `.dev`, evaluates on `.test`.
 
@@ -454,7 +454,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
       (None: neither).
     progress: show progress bars.
     aux_loss: optional `(params, q, docs) -> scalar` added to the training loss (passed to
-      `fit`; e.g. MoL's L_MI, `eval.mol_table.MiLoss`). It is a static argument of the jitted
+      `fit`; e.g. MoL's L_MI, `losses.MiLoss`). "auto": `losses.mi_loss(module)` for a scorer
+      with an `mi_weight` (MoL; None when the weight is 0), nothing otherwise. It is a static argument of the jitted
       step: pass a value that compares and hashes by content (a frozen dataclass over the
       module and weight), not a new lambda per call, or every call compiles the step again.
 
@@ -467,6 +468,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
   from bilinear_ir.eval import ranking  # pylint: disable=g-import-not-at-top
   emb = prepared.embeddings
   module = build_model(config.model, prepared.dim)
+  if aux_loss == "auto":
+    aux_loss = losses.mi_loss(module) if hasattr(module, "mi_weight") else None
   params = scorers.init_params(module, jax.random.key(config.seed))
   if getattr(module, "factor_init", None) == "pca" and module.residual == "none":
     from bilinear_ir import lowrank  # pylint: disable=g-import-not-at-top
