@@ -148,17 +148,13 @@ def rerank(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, candidate
   Returns:
     (idx [Q, K], scores [Q, K]) best first; missing candidates last with score -inf.
   """
-  variables = {"params": params}
   candidates = np.asarray(candidates)
   safe = np.where(candidates < 0, 0, candidates)
-
-  @jax.jit
-  def score_rows(q, docs):
-    # q: per-query features [1, ...]; docs: [K, ...] -> [K]
-    return module.apply(variables, *q, *docs, method=module.score_all)[0]
-
-  scores = np.stack([np.asarray(score_rows(_rows(q_feats, i, i + 1),
-                                           tuple(x[safe[i]] for x in _as_tuple(d_feats))))
+  # One query against its K candidates per call: [1, ...] x [K, ...] -> [1, K], compiled once
+  # per model (params are an argument of the module-level `_score_block`).
+  scores = np.stack([np.asarray(_score_block(params, _rows(q_feats, i, i + 1),
+                                             tuple(x[safe[i]] for x in _as_tuple(d_feats)),
+                                             module=module))[0]
                      for i in range(candidates.shape[0])]) if len(candidates) else np.zeros((0, 0))
   scores = np.where(candidates < 0, -np.inf, scores).astype(np.float32)
   order = np.lexsort((candidates, -scores), axis=1) if scores.size else np.zeros_like(candidates)
