@@ -34,18 +34,12 @@ def get_config(arg=None):
   c.data = data_config.data_config()        # the shipped SciFact: train (dev carved out), test
   c.encoder = data_config.encoder_config()  # all-MiniLM-L6-v2, max_length 256, cached
   c.bm25 = pipeline.bm25_config()           # bm25s-default BM25: baseline, negatives, hybrid
-  c.model = trainer.model_config()          # scorer/rank/residual are set per row
-  c.model.factor_init = "pca"               # pure P Q^T starts at the top-r principal projection
-  c.train = trainer.train_config()          # the recipe shared by every learned row
-  c.train.loss = "softmax"
-  c.train.auto_temperature = True           # temperature = 0.1 x std of initial scores: scale-free
-  c.train.temperature = 0.1
-  c.train.batch_size = 128
-  c.train.hard_negatives = 1                # one BM25 top-100 negative + one random per query
-  c.train.random_negatives = 1
-  c.train.epochs = 100
-  c.train.lr = 1e-3
-  c.train.eval_every = 50
+  c.model = trainer.model_config()          # scorer/rank/residual are set per row; pure P Q^T
+                                            # starts at the top-r principal projection ("pca")
+  c.train = trainer.train_config()          # the trainer's defaults are this table's recipe:
+                                            # softmax over in-batch + 1 BM25 + 1 random negative,
+                                            # temperature 0.1 x std of the initial scores, AdamW
+                                            # 1e-3, 100 epochs, dev selection every 50 steps
   c.train_overrides = {"mean": {}, "cls": {}}  # per-embedding changes to c.train
   c.hybrid = ranking.hybrid_config()        # lam * dense + (1 - lam) * BM25, lam tuned on dev
   c.eval = trainer.eval_config()            # full-corpus exact ranking, the four measures

@@ -222,6 +222,11 @@ def findings(rows: list[dict[str, Any]], config) -> str:
     bm25 = by[("bm25", None, None)]
     pure = [(r, by[("lowrank", r, "none")]) for r in config.ranks if ("lowrank", r, "none") in by]
     beats = sum(v > dot for _, v in pure)
+    resid = [(r, by[("lowrank", r, "identity")]) for r in config.ranks
+             if ("lowrank", r, "identity") in by]
+    resid_text = (f" Residual I + P Q^T beats dot at {sum(v > dot for _, v in resid)} of "
+                  f"{len(resid)} ranks ({', '.join(f'r={r}: {v:.4f}' for r, v in resid)})."
+                  if resid else "")
     rising = all(b >= a - 1e-9 for (_, a), (_, b) in zip(pure, pure[1:]))
     learned = max((r for r in rows if r["embedding"] == emb and
                    r["scorer"] in ("wdp", "lowrank", "bilinear")), key=lambda r: r["metrics"][m])
@@ -231,7 +236,7 @@ def findings(rows: list[dict[str, Any]], config) -> str:
         f"dot), full bilinear {full:.4f} ({'above' if full > dot else 'not above'} dot); "
         f"pure low-rank beats dot at {beats} of {len(pure)} ranks and "
         f"{'rises monotonically' if rising else 'does not rise monotonically'} with rank "
-        f"({', '.join(f'r={r}: {v:.4f}' for r, v in pure)}). Best learned similarity: "
+        f"({', '.join(f'r={r}: {v:.4f}' for r, v in pure)}).{resid_text} Best learned similarity: "
         f"{_row_name(learned)} {learned['metrics'][m]:.4f} vs BM25 {bm25:.4f}; hybrid "
         f"{hybrid['metrics'][m]:.4f}. On the unseen-doc test queries: dot "
         f"{by_unseen[('dot', None, None)]:.4f}, {_row_name(learned)} "

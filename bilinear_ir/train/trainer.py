@@ -67,8 +67,8 @@ def train_config() -> ml_collections.ConfigDict:
   """
   c = ml_collections.ConfigDict()
   c.loss = "softmax"
-  c.temperature = 0.05
-  c.auto_temperature = False
+  c.temperature = 0.1
+  c.auto_temperature = True
   c.teacher_temperature = 1.0
   c.margin = 1.0
   c.batch_size = 128
@@ -77,7 +77,7 @@ def train_config() -> ml_collections.ConfigDict:
   c.random_negatives = 1
   c.in_batch = True
   c.steps = 0
-  c.epochs = 30
+  c.epochs = 100
   c.lr = 1e-3
   c.warmup_steps = 20
   c.end_lr_fraction = 0.1
@@ -394,13 +394,14 @@ def model_config() -> ml_collections.ConfigDict:
 
   Fields:
     scorer: a registry name (dot, wdp, bilinear, lowrank, ...).
-    rank, residual, factor_init: low-rank options (see scorers.bilinear.LowRank).
+    rank, residual, factor_init: low-rank options (see scorers.bilinear.LowRank); pure P Q^T
+      starts at the top-r principal projection of the training docs ("pca").
   """
   c = ml_collections.ConfigDict()
   c.scorer = "bilinear"
   c.rank = 32
   c.residual = "none"
-  c.factor_init = "orthogonal"
+  c.factor_init = "pca"
   return c
 
 
