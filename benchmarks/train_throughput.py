@@ -77,10 +77,12 @@ def corpus(n: int, num_docs: int, num_queries: int, seed: int
 
 
 def train_cfg(batch: int, steps: int) -> ml_collections.ConfigDict:
-  """The trainer's defaults with the benchmark's batch: softmax, in-batch + 1 random negative."""
+  """The trainer's defaults with the benchmark's batch: softmax, in-batch + 1 random negative,
+  and a fixed temperature (0.05) that the PyTorch loop applies the same way."""
   cfg = trainer.train_config()
   cfg.batch_size, cfg.steps = batch, steps
   cfg.hard_negatives, cfg.random_negatives, cfg.in_batch = 0, 1, True
+  cfg.auto_temperature, cfg.temperature = False, 0.05
   return cfg
 
 

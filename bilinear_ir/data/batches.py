@@ -45,18 +45,27 @@ class TrainSet:
   def positive_mask(self, q_rows: np.ndarray, cand_rows: np.ndarray) -> np.ndarray:
     """[B, C] bool: is candidate doc `cand_rows[c]` judged relevant to query `q_rows[b]`.
 
-    Costs O(C log C + positives of the batch), independent of the number of pairs.
+    Vectorised, O(C log C + positives of the batch), independent of the number of pairs.
     """
+    q_rows, cand_rows = np.asarray(q_rows), np.asarray(cand_rows)
     out = np.zeros((len(q_rows), len(cand_rows)), bool)
+    starts = self._pos_start[q_rows]
+    counts = self._pos_start[q_rows + 1] - starts
+    batch_row = np.repeat(np.arange(len(q_rows)), counts)  # one entry per positive of the batch
+    docs = self._pos_docs[_ranges(starts, counts)]
     order = np.argsort(cand_rows, kind="stable")
-    sorted_cands = np.asarray(cand_rows)[order]
-    for b, q in enumerate(q_rows):
-      docs = self.positives(int(q))
-      lo = np.searchsorted(sorted_cands, docs, "left")
-      hi = np.searchsorted(sorted_cands, docs, "right")
-      for l, h in zip(lo, hi):
-        out[b, order[l:h]] = True
+    sorted_cands = cand_rows[order]
+    lo = np.searchsorted(sorted_cands, docs, "left")
+    hits = np.searchsorted(sorted_cands, docs, "right") - lo  # candidate columns per positive
+    out[np.repeat(batch_row, hits), order[_ranges(lo, hits)]] = True
     return out
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+  """Concatenation of `arange(s, s + c)` for each (s, c): [sum(counts)] int."""
+  total = int(np.sum(counts))
+  first = np.repeat(np.asarray(starts) - np.cumsum(counts) + counts, counts)
+  return first + np.arange(total)
 
 
 def hard_negative_pool(trainset_pairs: np.ndarray, ranked_docs: np.ndarray, depth: int
