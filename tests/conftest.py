@@ -74,3 +74,17 @@ def write_beir(folder: str, num_docs: int = 40, num_queries: int = 24, seed: int
         for d in rng.choice(num_docs, size=int(rng.integers(1, 3)), replace=False):
           f.write(f"q{q}\td{d}\t1\n")
   return folder
+
+
+def random_prepared(data_cfg, bm25_cfg, dim: int, seed: int = 0):
+  """`data.pipeline.Prepared` of a collection with random [*, dim] embeddings (no encoder)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.data import embeddings, loaders, pipeline  # pylint: disable=g-import-not-at-top
+  coll = loaders.load(data_cfg)
+  rng = np.random.default_rng(seed)
+  qids = sorted(coll.queries)
+  emb = embeddings.Embeddings(
+      doc_ids=list(coll.doc_ids), docs=rng.normal(size=(coll.num_docs, dim)).astype(np.float32),
+      query_ids=qids, queries=rng.normal(size=(len(qids), dim)).astype(np.float32), manifest={})
+  idx, scores, model = pipeline.bm25_ranking(coll, qids, bm25_cfg)
+  return pipeline.Prepared(coll, emb, np.asarray(idx), np.asarray(scores, np.float32), model)

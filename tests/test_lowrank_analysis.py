@@ -12,12 +12,10 @@ import pytest
 
 from bilinear_ir import lowrank
 from bilinear_ir import scorers
-from bilinear_ir.data import embeddings as embeddings_lib
-from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import lowrank_analysis
 from bilinear_ir.eval import ranking
-from conftest import REPO, write_beir
+from conftest import REPO, random_prepared, write_beir
 
 DIM = 12
 
@@ -125,15 +123,8 @@ def small(tmp_path_factory):
     cfg.data.format, cfg.data.path, cfg.data.dev_fraction = "beir", beir, 0.3
     cfg.eval.depth = 80
     cfg.pointwise.top_docs, cfg.pointwise.random_docs = 4, 6
-  coll = loaders.load(cfg.data)
-  rng = np.random.default_rng(0)
-  qids = sorted(coll.queries)
-  emb = embeddings_lib.Embeddings(
-      doc_ids=list(coll.doc_ids), docs=rng.normal(size=(coll.num_docs, DIM)).astype(np.float32),
-      query_ids=qids, queries=rng.normal(size=(len(qids), DIM)).astype(np.float32), manifest={})
-  idx, scores, model = pipeline.bm25_ranking(coll, qids, cfg.bm25)
-  prepared = pipeline.Prepared(coll, emb, np.asarray(idx), np.asarray(scores, np.float32), model)
-  return cfg, prepared, pipeline.splits(coll, cfg.data, cfg.seed)[0]
+  prepared = random_prepared(cfg.data, cfg.bm25, DIM)
+  return cfg, prepared, pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
 
 
 def test_analyze_matches_dense_truncation_and_counts_checks(small):

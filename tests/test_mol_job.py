@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 
 from bilinear_ir import scorers
-from bilinear_ir.data import embeddings as embeddings_lib
-from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.data.batches import BatchSampler
 from bilinear_ir.eval import mol_table
@@ -19,7 +17,7 @@ from bilinear_ir.eval import ranking
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 from bilinear_ir.train import losses
 from bilinear_ir.train import trainer
-from conftest import REPO, write_beir
+from conftest import REPO, random_prepared, write_beir
 
 DIM = 16
 
@@ -47,15 +45,7 @@ def prepared(tmp_path_factory):
   """A small BEIR collection with random 16-d embeddings (no encoder) and its BM25 ranking."""
   beir = write_beir(str(tmp_path_factory.mktemp("beir")), num_docs=50, num_queries=40)
   cfg = _config(beir, 0.0)
-  coll = loaders.load(cfg.data)
-  rng = np.random.default_rng(0)
-  qids = sorted(coll.queries)
-  emb = embeddings_lib.Embeddings(
-      doc_ids=list(coll.doc_ids), docs=rng.normal(size=(coll.num_docs, DIM)).astype(np.float32),
-      query_ids=qids, queries=rng.normal(size=(len(qids), DIM)).astype(np.float32), manifest={})
-  idx, scores, model = pipeline.bm25_ranking(coll, qids, cfg.bm25)
-  return beir, pipeline.Prepared(coll, emb, np.asarray(idx), np.asarray(scores, np.float32),
-                                 model)
+  return beir, random_prepared(cfg.data, cfg.bm25, DIM)
 
 
 def _entropy(x):

@@ -29,12 +29,13 @@ class Report:
   extra_files: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def fmt(x: Any, digits: int = 3) -> str:
-  """Formats a number for a table: floats with `digits` decimals, None as '-'."""
+def fmt(x: Any, digits: int = 3, style: str = "f") -> str:
+  """Formats a number for a table: floats with `digits` decimals (`style` "f") or significant
+  digits ("g"), None as '-'."""
   if x is None:
     return "-"
   if isinstance(x, float):
-    return f"{x:.{digits}f}"
+    return f"{x:.{digits}{style}}"
   return str(x)
 
 

@@ -57,6 +57,7 @@ from bilinear_ir.data.collection import Collection
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import require
 from bilinear_ir.eval.report import Report
+from bilinear_ir.eval.report import fmt
 from bilinear_ir.eval.report import markdown_table
 from bilinear_ir.fidelity import projections
 from bilinear_ir.fidelity import sparse
@@ -557,11 +558,7 @@ def _plot_fig3b(fig3b: dict[str, Any]):
 
 
 def _g(x: Any, digits: int = 3) -> str:
-  if x is None:
-    return "-"
-  if isinstance(x, float):
-    return f"{x:.{digits}g}"
-  return str(x)
+  return fmt(x, digits, "g")
 
 
 def _markdown(res: dict[str, Any], config) -> str:
