@@ -2,7 +2,7 @@
 
     python benchmarks/fidelity.py                  # the Fig. 2 job's per-trial workload
     python benchmarks/fidelity.py --rows 300 --vocab 4000 --k 1024 --triples 200 --trials 2 \
-        --json /tmp/fidelity.json                  # smoke run
+        --json runs/fidelity.json                  # smoke run
 
 One trial: draw a Rademacher A [K, V] (vocabulary blocks of `--block` rows of A^T), project R
 sparse rows (BM25-like: Zipf-distributed columns, about `--nnz` nonzeros per row), and for T

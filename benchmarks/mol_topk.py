@@ -1,7 +1,7 @@
 """MoL top-K retrieval: hit rate relative to brute force and latency (paper 003, Table 5 layout).
 
     python benchmarks/mol_topk.py            # 100k and 1M items, P_q = P_x = 4 and 8
-    python benchmarks/mol_topk.py --items 20000 --p 4 --repeats 2 --json /tmp/mol.json   # smoke run
+    python benchmarks/mol_topk.py --items 20000 --p 4 --repeats 2 --json runs/mol.json   # smoke run
 
 Synthetic MoL (documented generator, every draw from `--seed`):
   * latent space R^{d_P}; one cluster centre c_j ~ N(0, I) per `--items_per_cluster` (100) items;

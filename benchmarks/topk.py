@@ -1,7 +1,7 @@
 """Exact top-k throughput against FAISS IndexFlatIP, the bare matmul and numpy, on this machine.
 
     python benchmarks/topk.py                                   # the default cases (minutes)
-    python benchmarks/topk.py --scale 0.01 --repeats 2 --json /tmp/topk.json   # smoke run
+    python benchmarks/topk.py --scale 0.01 --repeats 2 --json runs/topk.json   # smoke run
     python benchmarks/topk.py --cases q1000_d200000_n384_k10 --queries 100 --docs 50000
     python benchmarks/topk.py --devices 2        # our scans sharded over 2 (fake CPU) devices
     python benchmarks/topk.py --w-path W.npy     # certified case with a trained W [n, n]

@@ -2,7 +2,7 @@
 
     python benchmarks/train_throughput.py                       # bilinear + lowrank, n = 384, 768
     python benchmarks/train_throughput.py --steps 20 --warmup 5 --dims 64 --docs 2000 \
-        --queries 500 --json /tmp/train.json                    # smoke run
+        --queries 500 --json runs/train.json                    # smoke run
 
 torch is not a dependency of the project; this script alone needs it (`pip install torch==2.13.0`,
 the CPU wheel) and exits with a message when it is missing.

@@ -2,9 +2,9 @@ r"""Counts of a collection: docs, queries and qrels per split, mean lengths in w
 
 The cheapest job that reads data (it validates the whole collection on the way).
 
-  python -m bilinear_ir.main --config=configs/collection_stats.py --workdir=/tmp/stats
+  python -m bilinear_ir.main --config=configs/collection_stats.py --workdir=runs/stats
   python -m bilinear_ir.main --config=configs/collection_stats.py:format=beir,path=DIR \
-      --workdir=/tmp/stats
+      --workdir=runs/stats
 """
 from __future__ import annotations
 

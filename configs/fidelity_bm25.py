@@ -1,8 +1,8 @@
 r"""Random-projection fidelity to BM25 (paper 002, section 2: Fig. 2, Fig. 3a/3b, min margins).
 
 Run:
-  python -m bilinear_ir.main --config=configs/fidelity_bm25.py --workdir=/tmp/fidelity
-  python -m bilinear_ir.main --config=configs/fidelity_bm25.py:tiny=true --workdir=/tmp/f
+  python -m bilinear_ir.main --config=configs/fidelity_bm25.py --workdir=runs/fidelity
+  python -m bilinear_ir.main --config=configs/fidelity_bm25.py:tiny=true --workdir=runs/f
 
 Config arguments (after `:`): `tiny` (seconds-long smoke run: small grid, few trials and
 triples), `seed`, `trials`, `kind` (rademacher | gaussian). Any field can also be set with

@@ -1,8 +1,8 @@
 r"""Structured Agreement Ranking Task (paper 000, section 4, Theorem 2 and its synthetic check).
 
 Run:
-  python -m bilinear_ir.main --config=configs/synthetic_agreement.py --workdir=/tmp/agreement
-  python -m bilinear_ir.main --config=configs/synthetic_agreement.py:tiny=true --workdir=/tmp/a
+  python -m bilinear_ir.main --config=configs/synthetic_agreement.py --workdir=runs/agreement
+  python -m bilinear_ir.main --config=configs/synthetic_agreement.py:tiny=true --workdir=runs/a
 
 Config arguments (after `:`): `tiny` (seconds-long smoke run: few instances and epochs),
 `seed`, `n`. Any field can also be set with `--config.FIELD=VALUE`.
