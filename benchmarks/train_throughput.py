@@ -13,7 +13,8 @@ What both sides compute, per step, on identical batches and from identical initi
     uniformly random doc per query) and a [B, C] mask (False where a candidate is judged relevant
     to the query, except its own positive). Both sides call the same sampler on the host each
     step; embeddings stay in memory (on device) and are gathered by row inside the step.
-  * scores [B, C]: `bilinear` q^T W d (W [n, n] starts at the identity), `lowrank`
+  * scores [B, C]: `bilinear` q^T W d as (q W) d^T on both sides (the cheaper order when C > B;
+    W [n, n] starts at the identity), `lowrank`
     (q P)(d Q)^T with P, Q [n, 32], residual "none" (the paper's form; P = Q orthonormal at init).
   * loss: softmax cross entropy of column i for row i of `scores / 0.05`, masked entries -inf
     (`losses.softmax_cross_entropy` / `F.cross_entropy`), i.e. in-batch + 1 random negative.
@@ -132,7 +133,7 @@ def torch_loop(torch: Any, case: str, params: Any, queries: np.ndarray, docs: np
   if case == "bilinear":
     w = torch.nn.Parameter(torch.tensor(np.asarray(params["W"])))
     weights = [w]
-    score = lambda q, d: q @ (d @ w.T).T  # [B, C]
+    score = lambda q, d: (q @ w) @ d.T  # [B, C], the association of bilinear.score_all
   else:
     p = torch.nn.Parameter(torch.tensor(np.asarray(params["P"])))
     qm = torch.nn.Parameter(torch.tensor(np.asarray(params["Q"])))
