@@ -11,10 +11,14 @@ the k-dimensional projection ranks d2 at or above d1 (prefix sums over the first
 as the fidelity job does). One evaluation is one (triple, k, trial) decision:
 evals/s = T * G * trials / (total seconds of `--trials` trials, after one warm-up trial).
 
-  JAX    `fidelity.projections.project` (packed random bits, block loop, scatter of pieces) and
-         `fidelity.experiments.pairwise_errors` (cumsum + gather), jitted, after a warm-up trial.
+  JAX    `fidelity.projections.project` (packed random bits per block; the head columns, those
+         with >= R / 64 nonzeros, as one dense matmul, the other nonzeros scattered in pieces) and
+         `fidelity.experiments.pairwise_errors` (a loop over triples + cumsum), jitted, after a
+         warm-up trial.
   numpy  the same algorithm: per vocabulary block, int8 signs from `np.random.default_rng` made
-         float32, scipy CSR @ dense accumulated into Y [R, K], then np.cumsum over k.
+         float32, the same head columns as a dense matmul (BLAS) and the rest as scipy CSR @
+         dense, accumulated into Y [R, K], then np.cumsum over k. The split into head and tail,
+         like JAX's `blocked`, is prepared once before timing.
 
 Both print their mean error rate (the two draw different matrices, so they agree only
 statistically). Ratio = JAX evals/s / numpy evals/s.
@@ -51,20 +55,38 @@ def make_data(rows: int, vocab: int, nnz: int, triples: int, seed: int):
   return x, (q, d1, d2)
 
 
-def numpy_trial(x: sp.csr_matrix, triples, k: int, grid: tuple[int, ...], block: int,
-                rng: np.random.Generator) -> np.ndarray:
-  """[T, G] errors for one fresh Rademacher projection, in numpy/scipy."""
-  rows, vocab = x.shape
-  y = np.zeros((rows, k), np.float32)
+def numpy_blocks(x: sp.csr_matrix, head: np.ndarray, block: int) -> list[tuple]:
+  """The numpy side's preprocessing (untimed, like `projections.blocked`): per vocabulary block
+  holding nonzeros, (start, stop, its head rows, their dense columns [R, h], the tail as CSR)."""
+  vocab = x.shape[1]
+  is_head = np.zeros(vocab, bool)
+  is_head[head] = True
+  parts = []
   for start in range(0, vocab, block):
     stop = min(start + block, vocab)
-    part = x[:, start:stop]
+    part = x[:, start:stop].tocsr()
     if part.nnz == 0:
       continue
+    mine = np.flatnonzero(is_head[start:stop])
+    tail = sp.csr_matrix(part.multiply(~is_head[None, start:stop]))  # head columns zeroed
+    tail.eliminate_zeros()
+    parts.append((start, stop, mine, np.asarray(part[:, mine].todense(), np.float32), tail))
+  return parts
+
+
+def numpy_trial(parts: list[tuple], rows: int, triples, k: int, grid: tuple[int, ...],
+                rng: np.random.Generator) -> np.ndarray:
+  """[T, G] errors for one fresh Rademacher projection, in numpy/scipy: per block, int8 signs made
+  float32, the head columns as a dense matmul (BLAS) and the tail as scipy CSR x dense, as the
+  JAX side splits them."""
+  y = np.zeros((rows, k), np.float32)
+  for start, stop, mine, head_x, tail in parts:
     a = rng.integers(0, 2, (stop - start, k), dtype=np.int8).astype(np.float32)
     a *= 2
     a -= 1
-    y += part @ a
+    if mine.size:
+      y += head_x @ a[mine]
+    y += tail @ a
   q, d1, d2 = triples
   margin = np.cumsum(y[q] * (y[d1] - y[d2]), axis=1)
   return margin[:, np.asarray(grid) - 1] <= 0
@@ -92,7 +114,9 @@ def main():
   print(f"rows {args.rows}, vocab {args.vocab}, nnz {x.nnz}, K {args.k}, grid {len(grid)} values, "
         f"triples {args.triples}, trials {args.trials}")
 
-  xb = projections.blocked(x, args.block, projections.piece_size_for(args.k, x, args.block))
+  xb_head = projections.head_columns(x)
+  xb = projections.blocked(x, args.block, projections.piece_size_for(args.k, x, args.block, xb_head),
+                           head=xb_head)
   jt = tuple(jnp.asarray(t) for t in triples)
 
   def jax_trial(t):
@@ -105,9 +129,10 @@ def main():
   jax_s = time.perf_counter() - t0
 
   rng = np.random.default_rng(args.seed)
-  numpy_trial(x, triples, args.k, grid, args.block, rng)  # warm (allocations, caches)
+  parts = numpy_blocks(x, xb_head, args.block)
+  numpy_trial(parts, args.rows, triples, args.k, grid, rng)  # warm (allocations, caches)
   t0 = time.perf_counter()
-  np_err = [numpy_trial(x, triples, args.k, grid, args.block, rng) for _ in range(args.trials)]
+  np_err = [numpy_trial(parts, args.rows, triples, args.k, grid, rng) for _ in range(args.trials)]
   np_s = time.perf_counter() - t0
 
   jax_rate = evals_per_trial * args.trials / jax_s

@@ -299,8 +299,14 @@ def pairwise_errors(y: jax.Array, q: jax.Array, d1: jax.Array, d2: jax.Array,
   """
   step = functools.reduce(math.gcd, grid)
   steps = grid[-1] // step
-  prod = (y[q] * (y[d1] - y[d2]))[:, :steps * step]  # [T, K]
-  chunks = prod.reshape(len(q), steps, step).sum(axis=2)  # [T, K / step]
+
+  def chunk_sums(t, out):  # one triple at a time: 3x faster on CPU than gathering [T, K] rows
+    row = lambda i: jax.lax.dynamic_index_in_dim(y, i, keepdims=False)[:steps * step]
+    prod = row(q[t]) * (row(d1[t]) - row(d2[t]))  # [K]
+    return out.at[t].set(prod.reshape(steps, step).sum(axis=1))
+
+  chunks = jax.lax.fori_loop(0, q.shape[0], chunk_sums,
+                             jnp.zeros((q.shape[0], steps), jnp.float32))  # [T, K / step]
   margin = jnp.cumsum(chunks, axis=1)  # unscaled <A_k q, A_k (d1 - d2)> at k = step, 2 step, ..
   return margin[:, jnp.asarray(grid) // step - 1] <= 0
 
