@@ -115,8 +115,8 @@ def main():
         f"triples {args.triples}, trials {args.trials}")
 
   xb_head = projections.head_columns(x)
-  xb = projections.blocked(x, args.block, projections.piece_size_for(args.k, x, args.block, xb_head),
-                           head=xb_head)
+  piece = projections.piece_size_for(args.k, x, args.block, xb_head)
+  xb = projections.blocked(x, args.block, piece, head=xb_head)
   jt = tuple(jnp.asarray(t) for t in triples)
 
   def jax_trial(t):

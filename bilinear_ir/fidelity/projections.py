@@ -14,7 +14,8 @@ every device and in every call. A sparse [n, V] matrix is applied in two parts (
   Why n / 64: on a 2-core CPU the matmul does ~150 G multiply-adds/s and the scatter ~2.4 G/s, so
   a column is cheaper dense once it holds more than n * 2.4 / 150 nonzeros (1,135 rows x 15,000
   terms, 87,342 nonzeros, k = 9,472: 426 head columns hold 92% of the nonzeros, and one projection
-  takes 119 ms instead of 384 ms with every nonzero scattered).
+  takes 119 ms instead of 384 ms with every nonzero scattered). Memory: each head column holds
+  >= n / 64 nonzeros, so the dense head has n * H <= 64 * nnz entries.
 
 Rademacher signs come from packed random bits (32 signs per uint32), an order of magnitude faster
 than `jax.random.rademacher` on CPU, with the same distribution (each bit an independent fair
@@ -27,8 +28,8 @@ of the same kind. The fidelity experiments project once at the largest k of thei
 (`scale=False`) and read every smaller k off prefix sums.
 
 Functions: `block_matrix` (one block), `matrix` (the explicit A, small V only), `head_columns`,
-`blocked` (CSR -> head + pieces), `piece_size_for`, `project` (one key), `project_batch` (a batch of keys, vmapped), `project_sharded` (rows
-split over a mesh axis with `jax.shard_map`).
+`blocked` (CSR -> head + pieces), `piece_size_for`, `project` (one key), `project_batch` (a batch
+of keys, vmapped), `project_sharded` (rows split over a mesh axis with `jax.shard_map`).
 """
 from __future__ import annotations
 
