@@ -88,3 +88,24 @@ def random_prepared(data_cfg, bm25_cfg, dim: int, seed: int = 0):
       query_ids=qids, queries=rng.normal(size=(len(qids), dim)).astype(np.float32), manifest={})
   idx, scores, model = pipeline.bm25_ranking(coll, qids, bm25_cfg)
   return pipeline.Prepared(coll, emb, np.asarray(idx), np.asarray(scores, np.float32), model)
+
+
+def jit_apply(module, method, params, *args):
+  """`module.apply(..., method=method)` jitted (one compile instead of op-by-op dispatch)."""
+  return jax.jit(lambda p, *a: module.apply({"params": p}, *a, method=method))(params, *args)
+
+
+def perturbed_params(module, seed: int = 0):
+  """Init params with every array moved by 0.5 N(0, 1) noise (so LayerNorm scales/biases and
+  zero-initialised weights matter)."""
+  from bilinear_ir.scorers import registry  # pylint: disable=g-import-not-at-top
+
+  @jax.jit
+  def init(key):
+    params = registry.init_params(module, key)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.fold_in(key, 1), max(len(leaves), 1))
+    leaves = [x + 0.5 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
+    return jax.tree.unflatten(tree, leaves)
+
+  return init(jax.random.key(seed))

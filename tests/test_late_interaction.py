@@ -8,6 +8,7 @@ import pytest
 
 from bilinear_ir.errors import InputError
 from bilinear_ir.scorers import late_interaction, registry
+from conftest import jit_apply, perturbed_params
 
 N_DIM, TQ, TD, B, N = 8, 5, 7, 3, 6
 
@@ -32,32 +33,12 @@ def _garbage(x, mask, seed):
   return np.where(mask[..., None], x, junk)
 
 
-def _perturbed_params(module, seed=0):
-  """Init params with every array replaced by a random one (so LN scales/biases matter)."""
-
-  @jax.jit
-  def init(key):
-    params = registry.init_params(module, key)
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.fold_in(key, 1), max(len(leaves), 1))
-    leaves = [x + 0.5 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
-    return jax.tree.unflatten(tree, leaves)
-
-  return init(jax.random.key(seed))
-
-
-def _apply(module, method, params, *args):
-  """Jitted `module.apply` (one compile instead of op-by-op dispatch)."""
-  fn = jax.jit(lambda p, *a: module.apply({"params": p}, *a, method=method))
-  return fn(params, *args)
-
-
 def _score_all(module, params, q, qm, d, dm):
-  return np.asarray(_apply(module, module.score_all, params, q, qm, d, dm))
+  return np.asarray(jit_apply(module, module.score_all, params, q, qm, d, dm))
 
 
 def _score_pairs(module, params, q, qm, d, dm):
-  return np.asarray(_apply(module, module.score_pairs, params, q, qm, d, dm))
+  return np.asarray(jit_apply(module, module.score_pairs, params, q, qm, d, dm))
 
 
 def _unit(x):
@@ -82,7 +63,7 @@ def _colbert_np(q, qm, d, dm, topk=1, normalize=False, dim_map=None):
 @pytest.mark.parametrize("kw", [{}, {"topk": 3}, {"token_dim": 4, "normalize": True}])
 def test_colbert_matches_numpy(kw):
   module = registry.build("colbert", dim=N_DIM, doc_chunk=4, **kw)  # chunks 4 + remainder 2
-  params = _perturbed_params(module)
+  params = perturbed_params(module)
   q, qm, d, dm = _inputs(1)
   dim_map = np.asarray(params["reduction"]["dim_map"]) if "token_dim" in kw else None
   want = _colbert_np(q, qm, d, dm, kw.get("topk", 1), kw.get("normalize", False), dim_map)
@@ -127,7 +108,7 @@ def test_colbert_with_avgpool_doc_reduction_matches_numpy():
 def test_appended_padding_never_changes_a_score(name):
   module = registry.build(name, dim=N_DIM, topk=2) if name == "colbert" else registry.build(
       name, dim=N_DIM)
-  params = _perturbed_params(module)
+  params = perturbed_params(module)
   q, qm, d, dm = _inputs(6)
   base = _score_all(module, params, q, qm, d, dm)
   # Append 4 padding tokens aligned with the query (they would win any unmasked max).
@@ -187,7 +168,7 @@ def _lite_flat_np(p, q, qm, d, dm):
 ])
 def test_lite_matches_numpy_and_ignores_padding(name, twin, kw):
   module = registry.build(name, dim=N_DIM, query_len=TQ, doc_len=TD, doc_chunk=4, **kw)
-  params = _perturbed_params(module)
+  params = perturbed_params(module)
   q, qm, d, dm = _inputs(9)
   want = twin(params, q, qm, d, dm)
   got = _score_all(module, params, _garbage(q, qm, 10), qm, _garbage(d, dm, 11), dm)
@@ -228,7 +209,7 @@ def test_lite_rejects_longer_inputs():
 
 def test_lite_gradients_are_finite_with_garbage_padding():
   module = registry.build("lite", dim=N_DIM, query_len=TQ, doc_len=TD, m1=4, m2=5)
-  params = _perturbed_params(module)
+  params = perturbed_params(module)
   q, qm, d, dm = _inputs(13)
   q, d = _garbage(q, qm, 14), _garbage(d, dm, 15)
   grads = jax.jit(jax.grad(lambda p: jnp.sum(module.apply({"params": p}, q, qm, d, dm,
@@ -273,7 +254,7 @@ def _knrm_np(w, q, qm, d, dm):
 
 def test_knrm_matches_numpy():
   module = registry.build("knrm", dim=N_DIM, doc_chunk=5)
-  params = _perturbed_params(module)
+  params = perturbed_params(module)
   q, qm, d, dm = _inputs(16)
   want = _knrm_np(np.asarray(params["w"], np.float64), q, qm, d, dm)
   got = _score_all(module, params, _garbage(q, qm, 17), qm, _garbage(d, dm, 18), dm)
@@ -284,11 +265,11 @@ def test_knrm_matches_numpy():
 def test_score_all_encoded_from_stored_docs_equals_score_all():
   module = registry.build("lite", dim=N_DIM, query_len=TQ, doc_len=TD, doc_tokens=3,
                           doc_reduction="linear", token_dim=4, m1=4, m2=5)
-  params = _perturbed_params(module)
+  params = perturbed_params(module)
   q, qm, d, dm = _inputs(19)
-  stored, stored_mask = _apply(module, module.encode_docs, params, d, dm)
+  stored, stored_mask = jit_apply(module, module.encode_docs, params, d, dm)
   assert stored.shape == (N, 3, 4) and stored_mask.shape == (N, 3)
-  eq, eqm = _apply(module, module.encode_queries, params, q, qm)
-  from_stored = _apply(module, module.score_all_encoded, params, eq, eqm, stored, stored_mask)
+  eq, eqm = jit_apply(module, module.encode_queries, params, q, qm)
+  from_stored = jit_apply(module, module.score_all_encoded, params, eq, eqm, stored, stored_mask)
   np.testing.assert_allclose(np.asarray(from_stored), _score_all(module, params, q, qm, d, dm),
                              rtol=1e-5, atol=1e-5)

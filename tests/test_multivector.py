@@ -9,6 +9,7 @@ import pytest
 from bilinear_ir.errors import InputError
 from bilinear_ir.retrieval import exact
 from bilinear_ir.scorers import multivector, registry
+from conftest import jit_apply, perturbed_params
 
 N_DIM, TQ, TD, B, N = 8, 5, 7, 3, 9
 
@@ -26,24 +27,6 @@ def _inputs(seed):
   junk_q = np.where(rng.random(q.shape) < 0.2, np.nan, 1e6).astype(np.float32)
   junk_d = np.broadcast_to(1e6 * np.sign(q[:, 0].sum(0)), d.shape).astype(np.float32)
   return np.where(qm[..., None], q, junk_q), qm, np.where(dm[..., None], d, junk_d), dm
-
-
-def _jit_apply(module, method, params, *args):
-  return jax.jit(lambda p, *a: module.apply({"params": p}, *a, method=method))(params, *args)
-
-
-def _random_params(module, seed=0):
-  """Init params with every array moved randomly (so the LayerNorm scale and bias matter)."""
-
-  @jax.jit
-  def init(key):
-    params = registry.init_params(module, key)
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.fold_in(key, 1), max(len(leaves), 1))
-    return jax.tree.unflatten(tree, [x + 0.5 * jax.random.normal(k, x.shape)
-                                     for k, x in zip(keys, leaves)])
-
-  return init(jax.random.key(seed))
 
 
 def _ln(x, scale, bias):
@@ -74,42 +57,42 @@ def _mebert_np(params, q, qm, d, dm, m, pool):
                                 {"num_vectors": 8, "query_pool": "mean", "proj_dim": 6}])
 def test_mebert_matches_numpy(kw):
   module = registry.build("mebert", dim=N_DIM, query_len=TQ, doc_len=TD, **kw)
-  params = _random_params(module)
+  params = perturbed_params(module)
   q, qm, d, dm = _inputs(0)
   want = _mebert_np(params, q, qm, d, dm, kw["num_vectors"], kw.get("query_pool", "cls"))
-  got = np.asarray(_jit_apply(module, module.score_all, params, q, qm, d, dm))
+  got = np.asarray(jit_apply(module, module.score_all, params, q, qm, d, dm))
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-  pairs = np.asarray(_jit_apply(module, module.score_pairs, params, q, qm, d[:B], dm[:B]))
+  pairs = np.asarray(jit_apply(module, module.score_pairs, params, q, qm, d[:B], dm[:B]))
   np.testing.assert_allclose(pairs, np.diag(want[:, :B]), rtol=1e-4, atol=1e-4)
 
 
 def test_mebert_appended_padding_never_changes_a_score():
   module = registry.build("mebert", dim=N_DIM, num_vectors=4, query_pool="mean")
   q, qm, d, dm = _inputs(1)
-  base = np.asarray(_jit_apply(module, module.score_all, {}, q, qm, d, dm))
+  base = np.asarray(jit_apply(module, module.score_all, {}, q, qm, d, dm))
   q2 = np.concatenate([q, np.full((B, 3, N_DIM), 1e6, np.float32)], axis=1)
   qm2 = np.concatenate([qm, np.zeros((B, 3), bool)], axis=1)
   d2 = np.concatenate([d, np.full((N, 3, N_DIM), 1e6, np.float32)], axis=1)
   dm2 = np.concatenate([dm, np.zeros((N, 3), bool)], axis=1)
-  got = np.asarray(_jit_apply(module, module.score_all, {}, q2, qm2, d2, dm2))
+  got = np.asarray(jit_apply(module, module.score_all, {}, q2, qm2, d2, dm2))
   np.testing.assert_allclose(got, base, rtol=1e-6)
 
 
 def test_mebert_retrieval_through_row_tables_equals_brute_force():
   module = registry.build("mebert", dim=N_DIM, num_vectors=4, proj_dim=6)
-  params = _random_params(module, seed=3)
+  params = perturbed_params(module, seed=3)
   q, qm, d, dm = _inputs(2)
-  rows, row_doc, row_valid = _jit_apply(module, module.doc_table, params, d, dm)
+  rows, row_doc, row_valid = jit_apply(module, module.doc_table, params, d, dm)
   assert rows.shape == (N * 4, 6) and row_doc.shape == (N * 4,) and row_valid.shape == (N * 4,)
   np.testing.assert_array_equal(np.asarray(row_valid).reshape(N, 4), dm[:, :4])
-  qt = np.asarray(_jit_apply(module, module.query_table, params, q, qm), np.float64)
+  qt = np.asarray(jit_apply(module, module.query_table, params, q, qm), np.float64)
   # A MIPS engine over the valid rows, then the max over each doc's rows.
   keep = np.asarray(row_valid)
   row_scores = qt @ np.asarray(rows, np.float64)[keep].T  # [B, valid rows]
   per_doc = np.full((B, N), -np.inf)
   for b in range(B):
     np.maximum.at(per_doc[b], np.asarray(row_doc)[keep], row_scores[b])
-  brute = np.asarray(_jit_apply(module, module.score_all, params, q, qm, d, dm))
+  brute = np.asarray(jit_apply(module, module.score_all, params, q, qm, d, dm))
   np.testing.assert_allclose(per_doc, brute, rtol=1e-5, atol=1e-5)
   # The best rows name the best docs: top-3 by rows (deduplicated) == top-3 by score_all.
   for b in range(B):
@@ -127,7 +110,7 @@ def _reduce(kw, d, dm, params=None):
   if params is None:
     params = jax.jit(lambda k: module.init(k, d, dm, method=module.docs))(
         jax.random.key(0)).get("params", {})
-  out, mask = _jit_apply(module, module.docs, params, d, dm)
+  out, mask = jit_apply(module, module.docs, params, d, dm)
   return np.asarray(out), np.asarray(mask), params
 
 
