@@ -114,9 +114,7 @@ def main():
   print(f"rows {args.rows}, vocab {args.vocab}, nnz {x.nnz}, K {args.k}, grid {len(grid)} values, "
         f"triples {args.triples}, trials {args.trials}")
 
-  xb_head = projections.head_columns(x)
-  piece = projections.piece_size_for(args.k, x, args.block, xb_head)
-  xb = projections.blocked(x, args.block, piece, head=xb_head)
+  xb = projections.prepare(x, args.k, args.block)
   jt = tuple(jnp.asarray(t) for t in triples)
 
   def jax_trial(t):
@@ -129,7 +127,7 @@ def main():
   jax_s = time.perf_counter() - t0
 
   rng = np.random.default_rng(args.seed)
-  parts = numpy_blocks(x, xb_head, args.block)
+  parts = numpy_blocks(x, projections.head_columns(x), args.block)  # prepare's head
   numpy_trial(parts, args.rows, triples, args.k, grid, rng)  # warm (allocations, caches)
   t0 = time.perf_counter()
   np_err = [numpy_trial(parts, args.rows, triples, args.k, grid, rng) for _ in range(args.trials)]

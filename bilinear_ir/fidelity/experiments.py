@@ -275,9 +275,7 @@ def _passage_task(config, collection: Collection, tokenizer, length: int, doc_sa
 
 
 def _blocked(config, rows: sp.csr_matrix) -> projections.BlockedSparse:
-  k = int(config.k_grid[-1])
-  bs = int(config.projection.block_size)
-  return projections.blocked(rows, bs, projections.piece_size_for(k, rows, bs))
+  return projections.prepare(rows, int(config.k_grid[-1]), int(config.projection.block_size))
 
 
 # ---------------------------------------------------------------------------------------------

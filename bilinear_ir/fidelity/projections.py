@@ -28,8 +28,9 @@ of the same kind. The fidelity experiments project once at the largest k of thei
 (`scale=False`) and read every smaller k off prefix sums.
 
 Functions: `block_matrix` (one block), `matrix` (the explicit A, small V only), `head_columns`,
-`blocked` (CSR -> head + pieces), `piece_size_for`, `project` (one key), `project_batch` (a batch
-of keys, vmapped), `project_sharded` (rows split over a mesh axis with `jax.shard_map`).
+`blocked` (CSR -> head + pieces), `piece_size_for`, `prepare` (blocked with the defaults),
+`project` (one key), `project_batch` (a batch of keys, vmapped), `project_sharded` (rows split
+over a mesh axis with `jax.shard_map`).
 """
 from __future__ import annotations
 
@@ -265,6 +266,7 @@ def _apply(key, num_blocks, blocks, starts, rows, cols, vals, head_x, head_rows,
   y, head = jax.lax.fori_loop(0, num_blocks, over_blocks,
                               (jnp.zeros((n, k), jnp.float32), jnp.zeros((num_head, width), dtype)))
   if num_head:
+    # HIGHEST: float32 products on accelerators too (no TF32), as the scattered tail gets.
     y = y + jnp.dot(head_x, _source_rows(head, jnp.arange(num_head), k, kind),
                     precision=jax.lax.Precision.HIGHEST)
   return y / jnp.sqrt(jnp.float32(k)) if scale else y
@@ -273,13 +275,19 @@ def _apply(key, num_blocks, blocks, starts, rows, cols, vals, head_x, head_rows,
 _apply_jit = jax.jit(_apply, static_argnames=("n", "k", "kind", "block_size", "scale"))
 
 
+def prepare(x: sp.spmatrix, k: int, block_size: int = DEFAULT_BLOCK_SIZE) -> BlockedSparse:
+  """`blocked(x, ...)` with the default head (`head_columns`) and piece size (`piece_size_for`),
+  for projections up to dimension k: build it once and pass it to every `project` call."""
+  head = head_columns(x)
+  return blocked(x, block_size, piece_size_for(k, x, block_size, head), head=head)
+
+
 def _as_blocked(x, k: int, block_size: int) -> BlockedSparse:
   if isinstance(x, BlockedSparse):
     require(x.block_size == block_size, "BlockedSparse built with another block_size",
             field="projection.block_size")
     return x
-  head = head_columns(x)
-  return blocked(x, block_size, piece_size_for(k, x, block_size, head), head=head)
+  return prepare(x, k, block_size)
 
 
 def project(key: jax.Array, x: sp.spmatrix | BlockedSparse, k: int, kind: str = "rademacher",

@@ -338,6 +338,6 @@ def bf16_topk(query_table, doc_table, k: int, *, doc_table_bf16=None,
   slack = 2.0 * bf16_relative_bound(dt.shape[1]) * max_doc_norm * jnp.linalg.norm(qt, axis=1)
   n_docs = dt.shape[0]
   m = first_candidates or max(4 * k, 16)
-  limit = max(m, m if max_candidates is None else max_candidates)
+  limit = m if max_candidates is None else max(m, max_candidates)
   return _certify(qt.astype(jnp.bfloat16), doc_table_bf16, qt, dt, k, slack=slack,
                   first_m=m, limit=limit, query_chunk=query_chunk)
