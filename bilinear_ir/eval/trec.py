@@ -176,6 +176,16 @@ def _lines(text: str, file: str, names: tuple[str, ...]):
     yield number, fields
 
 
+def _first_time(first_line: dict[tuple[str, str], int], qid: str, docid: str, number: int,
+                file: str) -> None:
+  """Records that (qid, docid) is on line `number`, or raises an InputError if it was seen."""
+  if (qid, docid) in first_line:
+    raise input_error(f"doc {docid!r} repeats for query {qid!r} (first on line "
+                      f"{first_line[qid, docid]})", file=file, record=f"line {number}",
+                      field="docid")
+  first_line[qid, docid] = number
+
+
 def parse_run(text: str, file: str) -> Run:
   """Parses TREC run text (`qid Q0 docid rank score tag`) strictly.
 
@@ -203,10 +213,7 @@ def parse_run(text: str, file: str) -> Run:
       raise input_error(f"not an integer: {rank!r}", file=file, record=record, field="rank")
     if not _FLOAT.fullmatch(score):
       raise input_error(f"not a number: {score!r}", file=file, record=record, field="score")
-    if (qid, docid) in first_line:
-      raise input_error(f"doc {docid!r} repeats for query {qid!r} (first on line "
-                        f"{first_line[qid, docid]})", file=file, record=record, field="docid")
-    first_line[qid, docid] = number
+    _first_time(first_line, qid, docid, number, file)
     run.setdefault(qid, {})[docid] = float(score)
   return run
 
@@ -234,10 +241,7 @@ def parse_qrels(text: str, file: str) -> Qrels:
     record = f"line {number}"
     if not _INT.fullmatch(rel):
       raise input_error(f"not an integer: {rel!r}", file=file, record=record, field="rel")
-    if (qid, docid) in first_line:
-      raise input_error(f"doc {docid!r} repeats for query {qid!r} (first on line "
-                        f"{first_line[qid, docid]})", file=file, record=record, field="docid")
-    first_line[qid, docid] = number
+    _first_time(first_line, qid, docid, number, file)
     qrels.setdefault(qid, {})[docid] = int(rel)
   return qrels
 
