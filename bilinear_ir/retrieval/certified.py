@@ -207,25 +207,32 @@ def _certify(scan_q, scan_d, full_q, full_d, k: int, *, cutoff=None, slack=None,
   cut = None if cutoff is None else np.asarray(cutoff, np.float32)
   scanned = 0
 
+  def padded(rows: np.ndarray) -> np.ndarray:
+    """rows [n] padded (repeating rows[0]) to a power of two >= 8, at most B: the scans and the
+    rescoring compile once per size class, not once per count of open or settled queries."""
+    size = min(b, max(8, 1 << (rows.size - 1).bit_length()))
+    return np.concatenate([rows, np.full(size - rows.size, rows[0], rows.dtype)])
+
   def settle(rows: np.ndarray, m: int) -> np.ndarray:
     """Scans rows' top-m, rescores the settled ones; returns the rows left open."""
     nonlocal cut, scanned
+    n, p = rows.size, padded(rows)
     if m > limit:  # the bound is too loose for these queries: score every doc exactly
-      full = exact.topk(full_q[rows], full_d, k, query_chunk=query_chunk)
-      out_scores[rows], out_ids[rows] = np.asarray(full.scores), np.asarray(full.ids)
+      full = exact.topk(full_q[p], full_d, k, query_chunk=query_chunk)
+      out_scores[rows], out_ids[rows] = np.asarray(full.scores)[:n], np.asarray(full.ids)[:n]
       rescored[rows] = n_docs
       scanned = n_docs
       return rows[:0]
-    found = exact.topk(scan_q[rows], scan_d, m, query_chunk=query_chunk)
+    found = exact.topk(scan_q[p], scan_d, m, query_chunk=query_chunk)
+    found_scores = np.asarray(found.scores)[:n]
     if cut is None:  # the first scan covers every query
-      cut = np.asarray(found.scores[:, k - 1] - slack, np.float32)
-    found_scores = np.asarray(found.scores)
+      cut = np.asarray(found_scores[:, k - 1] - np.asarray(slack), np.float32)
     done = (found_scores[:, m - 1] < cut[rows]) | (m == n_docs)
-    sel = np.flatnonzero(done)
-    if sel.size:
-      res = _rescore_tiles(full_q[rows[sel]], full_d, found.ids[sel], k)
-      out_scores[rows[sel]], out_ids[rows[sel]] = np.asarray(res.scores), np.asarray(res.ids)
-      rescored[rows[sel]] = np.sum(found_scores[sel] >= cut[rows[sel], None], axis=1)
+    if done.any():  # rescores all of p (one shape per size class), keeps the settled ones
+      res = _rescore_tiles(full_q[p], full_d, found.ids, k)
+      out_scores[rows[done]] = np.asarray(res.scores)[:n][done]
+      out_ids[rows[done]] = np.asarray(res.ids)[:n][done]
+      rescored[rows[done]] = np.sum(found_scores[done] >= cut[rows[done], None], axis=1)
     scanned = max(scanned, m)
     return rows[~done]
 
@@ -234,8 +241,9 @@ def _certify(scan_q, scan_d, full_q, full_d, k: int, *, cutoff=None, slack=None,
   if pending.size and 2 * m0 > limit:  # no room to grow their lists: score them exactly
     settle(pending, limit + 1)
   elif pending.size:
-    counts = np.asarray(exact.count_at_least(scan_q[pending], scan_d, cut[pending],
-                                             query_chunk=query_chunk))
+    p = padded(pending)
+    counts = np.asarray(exact.count_at_least(scan_q[p], scan_d, cut[p],
+                                             query_chunk=query_chunk))[:pending.size]
     sizes = np.minimum(n_docs, np.maximum(2 * m0, 2 ** np.ceil(np.log2(counts + 1)))).astype(int)
     for m in np.unique(sizes):
       rows = pending[sizes == m]
@@ -336,7 +344,6 @@ def bf16_topk(query_table, doc_table, k: int, *, doc_table_bf16=None,
     raise input_error(f"shape {tuple(doc_table_bf16.shape)} != doc table {tuple(dt.shape)}",
                       file="doc_table_bf16")
   slack = 2.0 * bf16_relative_bound(dt.shape[1]) * max_doc_norm * jnp.linalg.norm(qt, axis=1)
-  n_docs = dt.shape[0]
   m = first_candidates or max(4 * k, 16)
   limit = m if max_candidates is None else max(m, max_candidates)
   return _certify(qt.astype(jnp.bfloat16), doc_table_bf16, qt, dt, k, slack=slack,
