@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import posixpath
@@ -104,6 +103,19 @@ def sha256_texts(texts: list[str]) -> str:
   return h.hexdigest()
 
 
+def params_sha256(params: Any) -> str:
+  """SHA-256 of a params pytree: every leaf's path, dtype, shape and bytes (C order), in sorted
+  path order; `{}` hashes too. (The byte format keys the embedding caches: do not change it.)"""
+  import jax  # pylint: disable=g-import-not-at-top
+  h = hashlib.sha256()
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  for path, leaf in sorted(leaves, key=lambda pl: jax.tree_util.keystr(pl[0])):
+    a = np.ascontiguousarray(np.asarray(leaf))
+    h.update(f"{jax.tree_util.keystr(path)}|{a.dtype.str}|{a.shape}".encode())
+    h.update(a.reshape(-1).view(np.uint8))
+  return h.hexdigest()
+
+
 def safe_member_name(zip_path: str, name: str) -> str:
   """Returns the normalised member name, or raises if it could escape its folder.
 
@@ -145,6 +157,3 @@ def decode_utf8(data: bytes, file: str, record: object = None) -> str:
                       record=record) from e
 
 
-def text_stream(data: bytes, file: str) -> io.StringIO:
-  """Decodes `data` as UTF-8 and returns a text stream over it (for csv/json readers)."""
-  return io.StringIO(decode_utf8(data, file), newline="")

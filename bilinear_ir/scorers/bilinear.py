@@ -91,11 +91,6 @@ class LowRank(TableScorer):
     if self.residual == "diag":
       self.v = self.param("v", nn.initializers.ones, (n,), jnp.float32)
 
-  @property
-  def table_width(self) -> int:
-    """Width of the query/doc tables: r, or n + r with a residual."""
-    return self.rank if self.residual == "none" else self.dim + self.rank
-
   def query_table(self, q: jnp.ndarray) -> jnp.ndarray:
     """q [B, n] -> [B, r] (`q P`) or [B, n + r] (`[q, q P]`)."""
     qp = q @ self.P

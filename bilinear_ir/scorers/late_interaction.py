@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from bilinear_ir.errors import require
-from bilinear_ir.scorers.multivector import TokenReduction, example_token_inputs
+from bilinear_ir.scorers.multivector import TokenReduction, example_token_inputs, l2_normalize
 from bilinear_ir.scorers.registry import register
 
 # KNRM kernels (Xiong et al., 2017; LITE paper A.5): mu = 0.9, 0.7, ..., -0.9 with sigma = 0.1,
@@ -47,12 +47,6 @@ KNRM_MUS = (0.9, 0.7, 0.5, 0.3, 0.1, -0.1, -0.3, -0.5, -0.7, -0.9, 1.0)
 KNRM_SIGMAS = (0.1,) * 10 + (1e-3,)
 KNRM_CLAMP = 1e-10  # log(max(K, 1e-10)), as the original KNRM code.
 LN_EPS = 1e-6  # flax.linen.LayerNorm's default epsilon.
-
-
-def _unit(x: jnp.ndarray) -> jnp.ndarray:
-  """L2-normalises the last axis; zero vectors (padding) stay zero. [..., P] -> [..., P]."""
-  norm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True))
-  return x / jnp.maximum(norm, 1e-12)
 
 
 def _fit_length(x: jnp.ndarray, mask: jnp.ndarray, length: int, field: str
@@ -135,7 +129,7 @@ class LateInteraction(nn.Module):
     if self.fixed_length:
       q, q_mask = _fit_length(q, q_mask, self.query_len, "model.query_len")
     q, q_mask = self.reduction.queries(q, q_mask)
-    return (_unit(q) if self.unit_tokens else q), q_mask
+    return (l2_normalize(q) if self.unit_tokens else q), q_mask
 
   def encode_docs(self, docs: jnp.ndarray, docs_mask: jnp.ndarray
                   ) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -143,7 +137,7 @@ class LateInteraction(nn.Module):
     if self.fixed_length or (self.doc_tokens and self.doc_reduction == "linear"):
       docs, docs_mask = _fit_length(docs, docs_mask, self.doc_len, "model.doc_len")
     d, d_mask = self.reduction.docs(docs, docs_mask)
-    return (_unit(d) if self.unit_tokens else d), d_mask
+    return (l2_normalize(d) if self.unit_tokens else d), d_mask
 
   def __call__(self, q, q_mask, d, d_mask):
     """Same as `score_pairs`: q [B, Tq, n], q_mask [B, Tq], d [B, Td, n], d_mask [B, Td] -> [B]."""

@@ -57,15 +57,10 @@ import jax
 import jax.numpy as jnp
 
 from bilinear_ir.errors import input_error, require
-from bilinear_ir.scorers.multivector import zero_padding
+from bilinear_ir.scorers.multivector import l2_normalize, zero_padding
 from bilinear_ir.scorers.registry import register
 
 INPUTS = ("vector", "tokens")
-
-
-def l2_normalize(x: jnp.ndarray, eps: float = 1e-12) -> jnp.ndarray:
-  """x [..., d] / max(|x|, eps) along the last axis."""
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
 
 
 def outer_logits(qc: jnp.ndarray, ic: jnp.ndarray, temperature: float = 1.0) -> jnp.ndarray:

@@ -33,6 +33,11 @@ QUERY_POOLS = ("cls", "mean")
 DOC_REDUCTIONS = ("first", "avgpool", "linear")
 
 
+def l2_normalize(x: jnp.ndarray, eps: float = 1e-12) -> jnp.ndarray:
+  """x [..., d] / max(|x|, eps) along the last axis (zero vectors, e.g. padding, stay zero)."""
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
 def zero_padding(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
   """Sets masked token vectors to 0 so padding values (even inf/nan) never reach arithmetic.
 
@@ -84,11 +89,6 @@ class MEBERT(nn.Module):
     if self.proj_dim:
       self.proj = nn.Dense(self.proj_dim, name="proj")
       self.norm = nn.LayerNorm(name="norm")
-
-  @property
-  def table_width(self) -> int:
-    """w, the width of query vectors and doc rows: k with a projection, else n."""
-    return self.proj_dim or self.dim
 
   def example_inputs(self) -> tuple[jnp.ndarray, ...]:
     """`(q [1, Tq, n], q_mask [1, Tq], d [1, Td, n], d_mask [1, Td])` used to initialise params."""
@@ -241,16 +241,6 @@ class TokenReduction(nn.Module):
     if self.token_dim:
       self.dim_map = self.param("dim_map", nn.initializers.normal(self.token_dim ** -0.5),
                                 (self.dim, self.token_dim), jnp.float32)
-
-  @property
-  def out_tokens(self) -> int:
-    """L2', doc tokens after reduction (L2 when none)."""
-    return self.doc_tokens or self.doc_len
-
-  @property
-  def out_dim(self) -> int:
-    """P', token width after reduction (P when none)."""
-    return self.token_dim or self.dim
 
   def queries(self, q: jnp.ndarray, q_mask: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     """q [B, Tq, P], q_mask [B, Tq] -> ([B, Tq, P'] float32 with padding zeroed, q_mask)."""

@@ -21,9 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-NUM_DOCS = 4  # d1, d2 (agreeing), d3, d4 (disagreeing), in this order.
-
-
 def pairs(n: int) -> np.ndarray:
   """All critical pairs `(i1, i2)`, i1 < i2, in lexicographic order: [n (n - 1) / 2, 2] int32."""
   return np.array(list(itertools.combinations(range(n), 2)), np.int32).reshape(-1, 2)

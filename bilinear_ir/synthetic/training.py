@@ -26,9 +26,6 @@ import optax
 from bilinear_ir.synthetic import task
 from bilinear_ir.train.losses import margin_ranking_loss
 
-PROTOCOLS = ("all_pairs", "public")
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainSpec:
   """Optimisation settings (hashable: one compiled epoch per distinct spec and data shape).
