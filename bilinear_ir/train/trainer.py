@@ -122,9 +122,14 @@ def _gather(feats: Any, rows: jnp.ndarray) -> tuple:
 
 
 class StepConfig(NamedTuple):
-  """The hyper-parameters a compiled train step depends on (hashable: a jit static argument)."""
+  """The hyper-parameters a compiled train step depends on (hashable: a jit static argument).
+
+  `temperature` is the softmax temperature used when `train_step` is given none; `fit` sets it
+  to None and passes the (seed-dependent, see `auto_temperature`) temperature to `train_step` as
+  a traced argument, so runs that differ only in seed share one compiled step.
+  """
   loss: str
-  temperature: float
+  temperature: float | None
   margin: float
   batch_size: int
   negatives: int
@@ -139,21 +144,22 @@ class StepConfig(NamedTuple):
 
 
 def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_feats, q_rows,
-          cand_rows, mask, teacher=None) -> jnp.ndarray:
+          cand_rows, mask, teacher, temperature) -> jnp.ndarray:
   """The training loss of one batch: q_rows [B], cand_rows [C], mask [B, C] -> scalar.
 
   `teacher` [Q, N] (distillation losses only): teacher scores of every (query row, doc row).
+  `temperature`: the softmax temperature (a float32 scalar).
   """
   q, docs = _gather(q_feats, q_rows), _gather(d_feats, cand_rows)
   scores = module.apply({"params": p}, *q, *docs, method=module.score_all)  # [B, C]
   B, M = hp.batch_size, hp.negatives
   if hp.loss == "softmax":
-    loss = losses.softmax_cross_entropy(scores, jnp.arange(B), mask, hp.temperature)
+    loss = losses.softmax_cross_entropy(scores, jnp.arange(B), mask, temperature)
   elif hp.loss in DISTILLATION_LOSSES:
-    t = teacher[q_rows][:, cand_rows] / hp.teacher_temperature  # [B, C]
+    t = teacher[q_rows[:, None], cand_rows[None, :]] / hp.teacher_temperature  # [B, C]
     if hp.loss == "kl":
       # kl_distillation_loss divides both sides by one temperature: pre-scale the teacher.
-      loss = losses.kl_distillation_loss(scores, t * hp.temperature, mask, hp.temperature)
+      loss = losses.kl_distillation_loss(scores, t * temperature, mask, temperature)
     else:
       loss = losses.margin_mse_loss(scores, t, jnp.arange(B), mask)
   else:
@@ -176,10 +182,11 @@ def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_fe
 
 @functools.partial(jax.jit, static_argnames=("module", "hp", "aux_loss"),
                    donate_argnames=("state",))
-def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher=None, *,
-               module, hp, aux_loss=None):
+def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher=None,
+               temperature=None, *, module, hp, aux_loss=None):
   """One optimisation step. Compiled once per (module, hp, aux_loss, shapes), so runs that
-  differ only in seed or data reuse it; features are arguments, never baked-in constants.
+  differ only in seed or data reuse it; features and the temperature are arguments, never
+  baked-in constants.
 
   Args:
     state: {"params", "opt_state", "step"} (donated).
@@ -187,14 +194,19 @@ def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teache
     q_feats, d_feats: query [Q, ...] / doc [N, ...] features (arrays or tuples of arrays).
     q_rows [B], cand_rows [C], mask [B, C]: the batch.
     teacher: [Q, N] teacher scores (the distillation losses), else None.
+    temperature: float32 scalar softmax temperature (traced); None uses `hp.temperature`.
 
   Returns:
     (new state, {"loss", "grad_norm", "param_norm"}).
   """
+  if temperature is None:
+    require(hp.temperature is not None, "train_step needs a temperature (argument or hp)",
+            field="train.temperature")
+    temperature = hp.temperature
   tx = make_optimizer(hp, hp.total_steps)
   loss, grads = jax.value_and_grad(
       lambda p: _loss(module, hp, aux_loss, p, params0, q_feats, d_feats, q_rows, cand_rows,
-                      mask, teacher))(state["params"])
+                      mask, teacher, temperature))(state["params"])
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
   new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
          "step": state["step"] + 1}
@@ -256,9 +268,9 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
       there; for tests of resumption.
     teacher_scores: [Q, N] float32 teacher scores of every (row of `q_feats`, doc row), needed by
       the distillation losses ("kl", "margin_mse") and only by them. It is held on device (as the
-      features are) and the step reads `teacher[q_rows][:, cand_rows]`. A dense matrix is fine
-      for SciFact-size collections (809 x 5,183 floats = 17 MB); at MS MARCO scale (500k x 8.8M)
-      it is not: there, store the teacher's scores of the candidates the sampler can draw (e.g.
+      features are) and the step reads `teacher[q_rows[:, None], cand_rows[None, :]]`. A dense
+      matrix is fine for SciFact-size collections (809 x 5,183 floats = 17 MB); at MS MARCO
+      scale (500k x 8.8M) it is not: there, store the teacher's scores of the candidates the sampler can draw (e.g.
       [Q, H] for the hard-negative pool plus the positives, as the T2 teacher's released triple
       scores are) and turn in-batch and random negatives off, or score with the teacher inside
       the step.
@@ -296,7 +308,8 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   d_feats = jax.device_put(d_feats, repl)
   params0 = jax.device_put(params, repl)
   teacher = jax.device_put(np.asarray(teacher_scores, np.float32), repl) if distill else None
-  hp = StepConfig(loss=cfg.loss, temperature=temperature, margin=float(cfg.margin),
+  temp = jax.device_put(np.float32(temperature), repl)  # traced: one compile for every seed
+  hp = StepConfig(loss=cfg.loss, temperature=None, margin=float(cfg.margin),
                   batch_size=sampler.batch_size, negatives=sampler.negatives_per_query,
                   l2_to_init=float(cfg.l2_to_init), lr=float(cfg.lr),
                   warmup_steps=int(cfg.warmup_steps), total_steps=int(total),
@@ -344,7 +357,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     batch: Batch = sampler.batch(step)
     args = [jax.device_put(a, s) for a, s in zip((batch.q_rows, batch.cand_rows, batch.mask),
                                                   batch_sh)]
-    state, stats = step_fn(state, params0, q_feats, d_feats, *args, teacher)
+    state, stats = step_fn(state, params0, q_feats, d_feats, *args, teacher, temp)
     done = step + 1
     if bar is not None:
       bar.update(1)
@@ -456,9 +469,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
     progress: show progress bars.
     aux_loss: optional `(params, q, docs) -> scalar` added to the training loss (passed to
       `fit`; e.g. MoL's L_MI, `losses.MiLoss`). "auto": `losses.mi_loss(module)` for a scorer
-      with an `mi_weight` (MoL; None when the weight is 0), nothing otherwise. It is a static argument of the jitted
-      step: pass a value that compares and hashes by content (a frozen dataclass over the
-      module and weight), not a new lambda per call, or every call compiles the step again.
+      with an `mi_weight` (MoL; None when the weight is 0), nothing otherwise. It is a static
+      argument of the jitted step: pass a value that compares and hashes by content (a frozen
+      dataclass over the module and weight), not a new lambda per call, or every call compiles
+      the step again.
 
   Returns:
     {"metrics": test means, "per_query": ..., "dev": best dev metrics, "history", "best_step",
