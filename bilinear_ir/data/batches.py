@@ -38,10 +38,6 @@ class TrainSet:
     self._pos_docs = self.pairs[order, 1]
     self._pos_start = np.searchsorted(self.pairs[order, 0], np.arange(self.num_queries + 1))
 
-  def positives(self, q_row: int) -> np.ndarray:
-    """Doc rows judged relevant to query row `q_row`."""
-    return self._pos_docs[self._pos_start[q_row]:self._pos_start[q_row + 1]]
-
   def positive_mask(self, q_rows: np.ndarray, cand_rows: np.ndarray) -> np.ndarray:
     """[B, C] bool: is candidate doc `cand_rows[c]` judged relevant to query `q_rows[b]`.
 

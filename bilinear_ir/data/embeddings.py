@@ -125,17 +125,6 @@ def _raw_bytes(a: np.ndarray) -> np.ndarray:
   return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
-def _params_sha256(params: Any) -> str:
-  """SHA-256 over every parameter leaf (path, dtype, shape, bytes), in sorted path order."""
-  h = hashlib.sha256()
-  leaves = jax.tree_util.tree_leaves_with_path(params)
-  for path, leaf in sorted(leaves, key=lambda pl: jax.tree_util.keystr(pl[0])):
-    a = np.ascontiguousarray(np.asarray(leaf))
-    h.update(f"{jax.tree_util.keystr(path)}|{a.dtype.str}|{a.shape}".encode())
-    h.update(_raw_bytes(a))
-  return h.hexdigest()
-
-
 @functools.lru_cache(maxsize=4)
 def load_encoder(model: str) -> Encoder:
   """Loads a `FlaxBertModel` and its fast tokenizer (cached per process).
@@ -172,7 +161,7 @@ def load_encoder(model: str) -> Encoder:
   for volatile in ("_name_or_path", "transformers_version", "architectures"):
     config.pop(volatile, None)
   hashes = {
-      "weights_sha256": _params_sha256(params),
+      "weights_sha256": files.params_sha256(params),
       "config_sha256": files.sha256_bytes(json.dumps(config, sort_keys=True).encode()),
       "tokenizer_sha256": files.sha256_bytes(tokenizer.backend_tokenizer.to_str().encode()),
   }
@@ -483,7 +472,7 @@ def encode_tokens(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, 
 # Collections.
 
 
-def _row_index(ids: list[str], wanted: Sequence[str], what: str) -> np.ndarray:
+def row_index(ids: list[str], wanted: Sequence[str], what: str) -> np.ndarray:
   """Rows of `wanted` ids in `ids`; an unknown id raises `InputError`."""
   index = {q: i for i, q in enumerate(ids)}
   rows = []
@@ -513,7 +502,7 @@ class Embeddings:
 
   def query_rows(self, qids: Sequence[str]) -> np.ndarray:
     """[len(qids), n] the query vectors of `qids`, in that order."""
-    return self.queries[_row_index(self.query_ids, qids, "query")]
+    return self.queries[row_index(self.query_ids, qids, "query")]
 
 
 @dataclasses.dataclass
@@ -539,7 +528,7 @@ class TokenEmbeddings:
 
   def query_rows(self, qids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """([len(qids), Tq, n], [len(qids), Tq]) the query tokens and masks of `qids`."""
-    rows = _row_index(self.query_ids, qids, "query")
+    rows = row_index(self.query_ids, qids, "query")
     return self.queries[rows], self.query_mask[rows]
 
 

@@ -82,15 +82,15 @@ class Prepared:
 
   def bm25_pair_scores(self, query_rows: np.ndarray, doc_rows: np.ndarray) -> np.ndarray:
     """Exact BM25 scores of K (query row, doc row) pairs: [K], [K] -> [K]."""
-    qids = [self.embeddings.query_ids[i] for i in np.asarray(query_rows)]
-    qv = self.bm25.query_vectors([self.collection.queries[q] for q in qids])
+    unique_rows, inverse = np.unique(np.asarray(query_rows), return_inverse=True)
+    qids = [self.embeddings.query_ids[i] for i in unique_rows]
+    qv = self.bm25.query_vectors([self.collection.queries[q] for q in qids])[inverse.reshape(-1)]
     dv = self.bm25.doc_vectors[np.asarray(doc_rows)]
     return np.asarray(qv.multiply(dv).sum(axis=1)).reshape(-1)
 
   def query_row_index(self, query_ids: list[str]) -> np.ndarray:
-    """[len(query_ids)] rows of those queries in `embeddings.query_ids`."""
-    index = {q: i for i, q in enumerate(self.embeddings.query_ids)}
-    return np.asarray([index[q] for q in query_ids], np.int64)
+    """[len(query_ids)] rows of those queries in `embeddings.query_ids` (unknown id: InputError)."""
+    return embeddings_lib.row_index(self.embeddings.query_ids, query_ids, "query")
 
 
 def bm25_ranking(collection: collection_lib.Collection, query_ids: list[str],
@@ -111,6 +111,25 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   emb = embeddings_lib.embed_collection(coll, config.encoder)
   idx, scores, model = bm25_ranking(coll, emb.query_ids, config.bm25)
   return Prepared(coll, emb, np.asarray(idx), np.asarray(scores, np.float32), model)
+
+
+def reembed(prepared: Prepared, encoder_cfg: ml_collections.ConfigDict) -> Prepared:
+  """`prepared` with the embeddings of another encoder config (e.g. other pooling / normalize).
+
+  Only the embeddings depend on the encoder: the collection, the BM25 model and its ranking
+  (`bm25_idx` / `bm25_scores` [Q, depth], over the same sorted query ids) are shared, not redone.
+
+  Args:
+    prepared: the output of `prepare` (any encoder config).
+    encoder_cfg: the `encoder` config block to embed with (what `prepare` reads as
+      `config.encoder`).
+
+  Returns:
+    A new `Prepared` whose `embeddings` are docs [N, n] and queries [Q, n] under `encoder_cfg`
+    (exactly as `prepare` would compute them); the other fields are the same objects.
+  """
+  emb = embeddings_lib.embed_collection(prepared.collection, encoder_cfg)
+  return dataclasses.replace(prepared, embeddings=emb)
 
 
 def _split(name: str, qrels: dict[str, dict[str, int]], qids: list[str]) -> Split:

@@ -186,7 +186,7 @@ def analyze(W: np.ndarray, prepared: pipeline.Prepared, splitset: pipeline.Split
   S = np.asarray(decomposition.S)
   by_rank = {}
   for r in ranks:
-    factors = lowrank.lowrank_params(W, r)
+    factors = dict(zip(("P", "Q"), lowrank.truncate(jnp.asarray(W), r, decomposition)))
     module = scorers.build("lowrank", dim=n, rank=r, residual="none")
     by_rank[r] = {name: evaluate(module, factors, split) for name, split in splits.items()}
     by_rank[r]["pointwise"] = check_theorem3(W, S, factors, r, q, d, is_top,
@@ -310,9 +310,12 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   spec = {"scorer": "bilinear", "rank": None, "residual": None}
   out, info = {}, {}
   bar = tqdm(total=len(config.embeddings) * len(config.seeds), desc="full W", unit="model")
+  prepared = None
   for emb_name in config.embeddings:
     cfg = table.embedding_config(config, emb_name)
-    prepared = pipeline.prepare(cfg)
+    # The collection and BM25 do not depend on the encoder: load them once, re-embed per embedding.
+    prepared = (pipeline.prepare(cfg) if prepared is None
+                else pipeline.reembed(prepared, cfg.encoder))
     splitset = pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
     require(len(splitset.dev.query_ids) > 0, "rank selection needs a dev split; set "
             "data.dev_fraction > 0", field="data.dev_fraction")

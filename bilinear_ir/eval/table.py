@@ -103,9 +103,12 @@ def run(config, workdir: str) -> report.Report:
   rows, runs, unseen_counts = [], {}, {}
   bar = tqdm(total=len(config.embeddings) * len(grid) * len(config.seeds), desc="models",
              unit="model")
+  prepared = None
   for emb_name in config.embeddings:
     cfg = embedding_config(config, emb_name)
-    prepared = pipeline.prepare(cfg)
+    # The collection and BM25 do not depend on the encoder: load them once, re-embed per embedding.
+    prepared = (pipeline.prepare(cfg) if prepared is None
+                else pipeline.reembed(prepared, cfg.encoder))
     splitset = pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
     test = splitset.test
     base = {"embedding": emb_name, "mode": cfg.eval.mode}

@@ -23,7 +23,6 @@ through `exact.topk_stream` (one shard in memory at a time).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from typing import Any, Iterator
@@ -42,14 +41,8 @@ DTYPES = ("float32", "bfloat16")
 DEFAULT_SHARD_DOCS = 65536
 
 
-def params_sha256(params: Any) -> str:
-  """SHA-256 of a params pytree (leaf paths, dtypes, shapes and bytes); `{}` hashes too."""
-  h = hashlib.sha256()
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    arr = np.asarray(leaf)
-    h.update(f"{jax.tree_util.keystr(path)}|{arr.dtype.str}|{arr.shape}|".encode())
-    h.update(np.ascontiguousarray(arr).tobytes())
-  return h.hexdigest()
+# Imported as `index.params_sha256` by retrieval/job.py and tests; one implementation in files.
+params_sha256 = files.params_sha256
 
 
 def scorer_description(module) -> tuple[str, dict[str, Any]]:
