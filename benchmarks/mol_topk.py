@@ -27,8 +27,6 @@ TopKPerEmbd's Theorem-2 bound comes free with its lists.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -71,14 +69,9 @@ def synthetic(items: int, p_q: int, p_x: int, d_p: int, batch: int, seed: int,
 
 
 def timed(fn, repeats: int) -> tuple[mol_topk.MolTopK, float]:
-  """Result of `fn()` and the median latency in ms of `repeats` warm runs."""
+  """Result of `fn()` (the warm-up call) and the median latency in ms of `repeats` warm runs."""
   out = jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append((time.perf_counter() - t0) * 1e3)
-  return out, statistics.median(times)
+  return out, latency.timed(fn, repeats, warmup=0)
 
 
 def hit_rates(ids: np.ndarray, truth: np.ndarray) -> dict[str, float]:

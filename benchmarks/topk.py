@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -92,13 +90,7 @@ def certificate(rescored, num_docs: int) -> dict:
 
 def timed(fn, repeats: int) -> float:
   """Median milliseconds of `fn()` (results blocked on) after one warm-up call."""
-  jax.block_until_ready(fn())
-  runs = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    runs.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(runs)
+  return latency.timed(fn, repeats, warmup=1)
 
 
 def recall(found, truth) -> float:

@@ -104,13 +104,6 @@ def candidate_recall(cands: np.ndarray, query_ids: list[str], doc_ids: list[str]
   return found / max(total, 1)
 
 
-def _sort_candidates(cands: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Each row by descending score, ties by doc row, -1 last: [Q, K], [Q, K] -> same."""
-  scores = np.where(cands < 0, -np.inf, scores).astype(np.float32)
-  order = np.lexsort((cands, -scores), axis=1)
-  return np.take_along_axis(cands, order, 1), np.take_along_axis(scores, order, 1)
-
-
 @dataclasses.dataclass
 class Setting:
   """What every row of the table is evaluated on.
@@ -403,7 +396,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   # References and teachers: BM25's own order of the candidates, the trained bilinear.
   teachers = {"bm25": {"metrics": {}, "dev": {}}}
   for split in SPLITS:
-    idx, scores = _sort_candidates(setting.cands[split], setting.bm25[split])
+    idx, scores = ranking.sort_candidates(setting.cands[split], setting.bm25[split])
     m = setting.evaluate(split, idx, scores)["mean"]
     teachers["bm25"]["metrics" if split == "test" else "dev"] = m
   teacher_scores = {}
@@ -437,13 +430,15 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       add(name, info.pop("scorer"), scored, loss=config.train.loss if info["trained"] else None,
           teacher=None, **info)
     bar.update(1)
+  if teacher_name is not None:  # the teacher and its temperature are the same for every row
+    t = teacher_scores[teacher_name]
+    teacher_temperature = float(config.distill.teacher_temperature) * teacher_scale(
+        t, prepared.bm25_idx, config.rerank.bm25_depth)
   for name in config.distill.scorers:
     for loss in config.distill.losses:
       tcfg = row_train_config(config, name)
-      t = teacher_scores[teacher_name]
       tcfg.loss = loss
-      tcfg.teacher_temperature = float(config.distill.teacher_temperature) * teacher_scale(
-          t, prepared.bm25_idx, config.rerank.bm25_depth)
+      tcfg.teacher_temperature = teacher_temperature
       scored, info = _token_row(setting, config, name, lat, dtype, tcfg=tcfg, teacher=t)
       add(f"{name} ({loss}, {teacher_name})", info.pop("scorer"), scored, loss=loss,
           teacher=teacher_name, **info)
@@ -508,12 +503,13 @@ def hybrid_row(setting: Setting, config, rows: list[dict[str, Any]], dense: dict
     return hybrid.union_candidates(idx, scores, setting.cands[split], setting.bm25[split],
                                    missing, bm25_fn)
 
-  lam, _ = hybrid.tune_lambda(candidates("dev"), setting.split("dev").qrels,
+  cands = {split: candidates(split) for split in SPLITS}
+  lam, _ = hybrid.tune_lambda(cands["dev"], setting.split("dev").qrels,
                               setting.split("dev").query_ids, prepared.collection.doc_ids,
                               cfg.measure, tuple(cfg.grid), cfg.normalize)
   metrics = {}
   for split in SPLITS:
-    idx, scores = hybrid.rank_candidates(candidates(split), lam, cfg.normalize)
+    idx, scores = hybrid.rank_candidates(cands[split], lam, cfg.normalize)
     metrics[split] = setting.evaluate(split, idx, scores)["mean"]
 
   # Latency: the dense call, BM25 scores of the same docs, and the fusion.

@@ -33,9 +33,9 @@ def hardware() -> str:
           f"({jax.device_count()} x {dev.device_kind})")
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> float:
-  """Median latency in ms of `repeats` calls of `fn` after 3 warm-up calls."""
-  for _ in range(3):
+def timed(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
+  """Median latency in ms of `repeats` calls of `fn` (each blocked on) after `warmup` calls."""
+  for _ in range(warmup):
     jax.block_until_ready(fn())
   times = []
   for _ in range(repeats):

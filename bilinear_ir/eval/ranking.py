@@ -150,15 +150,35 @@ def rerank(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, candidate
   """
   candidates = np.asarray(candidates)
   safe = np.where(candidates < 0, 0, candidates)
-  # One query against its K candidates per call: [1, ...] x [K, ...] -> [1, K], compiled once
-  # per model (params are an argument of the module-level `_score_block`).
-  scores = np.stack([np.asarray(_score_block(params, _rows(q_feats, i, i + 1),
-                                             tuple(x[safe[i]] for x in _as_tuple(d_feats)),
-                                             module=module))[0]
-                     for i in range(candidates.shape[0])]) if len(candidates) else np.zeros((0, 0))
-  scores = np.where(candidates < 0, -np.inf, scores).astype(np.float32)
-  order = np.lexsort((candidates, -scores), axis=1) if scores.size else np.zeros_like(candidates)
-  return np.take_along_axis(candidates, order, 1), np.take_along_axis(scores, order, 1)
+  if len(candidates):
+    # One query against its K candidates per call: [1, ...] x [K, ...] -> [1, K], compiled once
+    # per model (params are an argument of the module-level `_score_block`). The docs go to the
+    # device once and each query's candidates are gathered there; the [1, K] results stay on
+    # the device (no sync per query) and come back together at the end.
+    d_dev = tuple(jnp.asarray(x) for x in _as_tuple(d_feats))
+    outs = [_score_block(params, _rows(q_feats, i, i + 1), tuple(x[safe[i]] for x in d_dev),
+                         module=module)
+            for i in range(candidates.shape[0])]
+    scores = np.concatenate(jax.device_get(outs))
+  else:
+    scores = np.zeros((0, 0))
+  return sort_candidates(candidates, scores)
+
+
+def sort_candidates(cands: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Each row by descending score, ties by doc row, -1 last with score -inf.
+
+  Args:
+    cands: [Q, K] doc rows per query (-1 = none).
+    scores: [Q, K] their scores.
+
+  Returns:
+    (idx [Q, K], scores [Q, K] float32), sorted per row.
+  """
+  cands = np.asarray(cands)
+  scores = np.where(cands < 0, -np.inf, scores).astype(np.float32)
+  order = np.lexsort((cands, -scores), axis=1) if scores.size else np.zeros_like(cands)
+  return np.take_along_axis(cands, order, 1), np.take_along_axis(scores, order, 1)
 
 
 def evaluate_run(query_ids: Sequence[str], doc_ids: Sequence[str], idx: np.ndarray,
