@@ -140,7 +140,7 @@ def _bin(label: str, docs: np.ndarray, qv, dv, scores: np.ndarray, fig3_queries:
   targets = _first_argmax(sub)
   margins: dict[int, list[float]] = {int(r): [] for r in ranks}
   if valid.size:
-    m = theory.normalized_margins(qv[valid], dv[docs], targets[valid])
+    m = theory.normalized_margins(qv[valid], dv[docs], targets[valid], scores=sub[valid])
     for row in m:
       vals = np.sort(row[np.isfinite(row)])
       for r in margins:
@@ -181,14 +181,14 @@ def _claims(config, collection: Collection, tokenizer, rng
                       file=collection.source, field="queries")
   qv, scores = qv[keep], scores[keep]
   d1 = _first_argmax(scores)
-  margins = theory.normalized_margins(qv, dv, d1)  # [Q, N]
+  margins = theory.normalized_margins(qv, dv, d1, scores=scores)  # [Q, N]
 
   boolean = sparse.Boolean(tokenizer).fit_tokens(tokens)
   bq = boolean.query_vectors(texts)
   bscores = np.asarray((bq @ boolean.doc_vectors.T).todense())
   bkeep = np.flatnonzero(bscores.max(axis=1) > 0)
   bmargins = theory.normalized_margins(bq[bkeep], boolean.doc_vectors,
-                                       _first_argmax(bscores[bkeep]))
+                                       _first_argmax(bscores[bkeep]), scores=bscores[bkeep])
 
   # Fig. 2 triples, sampled per x bin; projected rows: their queries, then their docs.
   pos = np.isfinite(margins) & (margins > TIE)
@@ -381,6 +381,12 @@ def run_on(config: ml_collections.ConfigDict, collection: Collection) -> Report:
 
   root = jax.random.key(config.seed)
   bs, r = int(config.projection.block_size), int(config.fig3.recall_at)
+  # Device copies of the trial-invariant index arrays, made once for every trial.
+  pairs = {j: tuple(jnp.asarray(a) for a in task.pairs) for j, task in enumerate(tasks)
+           if task.pairs is not None}
+  bin_rows = {(j, i): (jnp.asarray(b.queries), jnp.asarray(task.num_queries + b.docs),
+                       jnp.asarray(b.targets))
+              for j, task in enumerate(tasks) for i, b in enumerate(task.bins) if len(b.queries)}
   for t in range(max(task.trials for task in tasks)):
     tkey = jax.random.fold_in(root, t)
     for j, task in enumerate(tasks):
@@ -389,12 +395,10 @@ def run_on(config: ml_collections.ConfigDict, collection: Collection) -> Report:
       y = projections.project(jax.random.fold_in(tkey, j), task.blocked, kmax, kind, bs,
                               scale=False)
       if task.pairs is not None and len(tri["q"]):
-        errors += np.asarray(pairwise_errors(y, *(jnp.asarray(a) for a in task.pairs), grid))
-      for b in task.bins:
+        errors += np.asarray(pairwise_errors(y, *pairs[j], grid))
+      for i, b in enumerate(task.bins):
         if len(b.queries):
-          b.hits += np.asarray(recall_hits(y, jnp.asarray(b.queries),
-                                           jnp.asarray(task.num_queries + b.docs),
-                                           jnp.asarray(b.targets), grid, r))
+          b.hits += np.asarray(recall_hits(y, *bin_rows[j, i], grid, r))
     logging.info("fidelity trial %d done", t + 1)
 
   results = {"k_grid": list(grid), "trials": {"fig2": int(config.trials),

@@ -189,7 +189,6 @@ class SparseModel:
     doc_counts: [N, V] term counts; doc_lengths: [N] tokens per doc; df: [V] document frequency.
     doc_vectors: d~ [N, V] float64 CSR.
   """
-  weighting = ""
 
   def __init__(self, tokenizer: Tokenizer | None = None):
     self.tokenizer = tokenizer if tokenizer is not None else Tokenizer()
@@ -273,7 +272,6 @@ def _scale_columns(m: sp.csr_matrix, w: np.ndarray) -> sp.csr_matrix:
 
 class Boolean(SparseModel):
   """Boolean inner product: the number of distinct terms shared by q and d."""
-  weighting = "boolean"
 
   def _doc_weights(self, counts):
     out = counts.copy()
@@ -286,7 +284,6 @@ class Boolean(SparseModel):
 
 class TFIDF(SparseModel):
   """TF-IDF: q~_i = c_q(i) ln(N / df_i), d~_i = c_d(i)."""
-  weighting = "tfidf"
 
   def _doc_weights(self, counts):
     return counts.copy()
@@ -305,7 +302,6 @@ class BM25(SparseModel):
     epsilon: the gensim variant's IDF floor factor (ignored by the others).
     tokenizer: a `Tokenizer` (default: bm25s's default tokenization).
   """
-  weighting = "bm25"
 
   def __init__(self, k1: float = 1.5, b: float = 0.75, variant: str = "lucene",
                epsilon: float = 0.25, tokenizer: Tokenizer | None = None):

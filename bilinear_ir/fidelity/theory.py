@@ -46,13 +46,14 @@ def normalized_margin(q, d1, d2):
     return np.where(den > 0, np.sum(q * diff, axis=-1) / np.where(den > 0, den, 1.0), np.nan)
 
 
-def normalized_margins(queries, docs, targets) -> np.ndarray:
+def normalized_margins(queries, docs, targets, scores=None) -> np.ndarray:
   """mu(q_i, d_{t_i}, d) for every query i and every doc d of a collection.
 
   Args:
     queries: [m, V] q~ (scipy sparse or dense).
     docs: [N, V] d~ (scipy sparse or dense).
     targets: [m] the row of d1 for each query.
+    scores: None, or the [m, N] float64 matrix `queries @ docs.T` if the caller has it.
 
   Returns:
     [m, N] float64; NaN where d equals d_{t_i} (the target itself, and exact duplicates:
@@ -61,7 +62,8 @@ def normalized_margins(queries, docs, targets) -> np.ndarray:
   """
   qs, ds = sp.csr_matrix(queries, dtype=np.float64), sp.csr_matrix(docs, dtype=np.float64)
   targets = np.asarray(targets, np.int64)
-  scores = np.asarray((qs @ ds.T).todense())  # [m, N]
+  if scores is None:
+    scores = np.asarray((qs @ ds.T).todense())  # [m, N]
   gram = np.asarray((ds[targets] @ ds.T).todense())  # [m, N] <d1, d>
   sq = np.asarray(ds.multiply(ds).sum(axis=1)).ravel()  # [N] |d|^2
   qn = np.sqrt(np.asarray(qs.multiply(qs).sum(axis=1)).ravel())  # [m]

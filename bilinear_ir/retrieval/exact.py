@@ -254,12 +254,8 @@ def _finish(state: _State, k: int, n: int, id_offset) -> TopK:
 
 
 @functools.partial(jax.jit, static_argnames=("k", "chunk", "block"))
-def _topk_jit(qt, dt, k, chunk, block, id_offset):
-  return scan_topk(qt, dt, k, chunk, block, id_offset)
-
-
-@functools.partial(jax.jit, static_argnames=("k", "chunk", "block"))
-def _topk_masked_jit(qt, dt, row_valid, k, chunk, block, id_offset):
+def _topk_jit(qt, dt, row_valid, k, chunk, block, id_offset):
+  """`scan_topk` under jit; `row_valid` None (an empty pytree) compiles the unmasked scan."""
   return scan_topk(qt, dt, k, chunk, block, id_offset, row_valid=row_valid)
 
 
@@ -300,10 +296,7 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     size = tile.shape[0]
     if qt.shape[0] > query_chunk and size < query_chunk:
       tile = jnp.pad(tile, ((0, query_chunk - size), (0, 0)))
-    if row_valid is None:
-      res = _topk_jit(tile, dt, k, chunk, block, jnp.int32(id_offset))
-    else:
-      res = _topk_masked_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset))
+    res = _topk_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset))
     parts.append(TopK(res.scores[:size], res.ids[:size]))
   if len(parts) == 1:
     return parts[0]

@@ -210,6 +210,8 @@ def search(index: index_lib.DocIndex, query_table_fn, queries: np.ndarray, k: in
     lo, hi = sharded_lib.process_rows(index.num_docs)
     table = local_rows(index, lo, hi)
     mesh = sharded_lib.doc_mesh(None if sharded else 1)
+    if hi > lo:  # padded and placed on the mesh once, not once per query batch
+      table = sharded_lib.shard_rows(table, mesh)
   ids, scores = [], []
   starts = range(0, queries.shape[0], batch)
   for start in tqdm(starts, desc="retrieve", unit="batch",
@@ -217,7 +219,7 @@ def search(index: index_lib.DocIndex, query_table_fn, queries: np.ndarray, k: in
     qt = np.asarray(query_table_fn(queries[start:start + batch]), np.float32)
     if distributed:
       res = sharded_lib.multihost_topk(qt, table, k, id_offset=lo, num_docs=index.num_docs,
-                                       mesh=mesh)
+                                       mesh=mesh, local_docs=hi - lo)
     else:
       res = index.search(qt, k)
     ids.append(np.asarray(res.ids))
@@ -231,7 +233,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   """The `retrieve` job (see configs/retrieve.py and the module docstring)."""
   from bilinear_ir.data import embeddings as embeddings_lib  # pylint: disable=g-import-not-at-top
   from bilinear_ir.data import loaders  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.eval import ranking  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.eval import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   from bilinear_ir.eval import report  # pylint: disable=g-import-not-at-top
   from bilinear_ir.eval import trec  # pylint: disable=g-import-not-at-top
   k_asked = config.k
@@ -275,7 +277,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   results: dict[str, Any] = {}
   measures = list(config.measures)
   if qrels is not None:
-    metrics, _ = ranking.evaluate_run(query_ids, emb.doc_ids, ids, scores, qrels, measures)
+    metrics = metrics_lib.evaluate(qrels, run_dict, measures)
     results["metrics"] = metrics["mean"]
   m = index.manifest
   results.update({

@@ -131,7 +131,8 @@ def process_rows(num_docs: int, process_index: int | None = None,
 
 
 def multihost_topk(query_table, local_doc_table, k: int, *, id_offset: int, num_docs: int,
-                   mesh: Mesh | None = None, **kwargs) -> exact.TopK:
+                   mesh: Mesh | None = None, local_docs: int | None = None,
+                   **kwargs) -> exact.TopK:
   """Global top-k when each process holds the rows `process_rows(num_docs)` of the doc table.
 
   Every process passes the same queries; each retrieves over its rows (sharded over its local
@@ -140,11 +141,14 @@ def multihost_topk(query_table, local_doc_table, k: int, *, id_offset: int, num_
 
   Args:
     query_table: [B, w], equal on every process.
-    local_doc_table: [N_p, w], this process's rows (may hold fewer than k rows, or none).
+    local_doc_table: [N_p, w], this process's rows (may hold fewer than k rows, or none), or
+      `shard_rows(rows, mesh)` placed once for many calls (then pass `local_docs`).
     k: results per query, 1 <= k <= num_docs.
     id_offset: global id of this process's first row (`process_rows(num_docs)[0]`).
     num_docs: N over all processes.
     mesh: mesh of this process's local devices (default: all of them).
+    local_docs: N_p, this process's real rows, when `local_doc_table` carries padding rows at
+      its end (default: all its rows).
     **kwargs: `chunk`, `block` for the per-device scan.
 
   Returns:
@@ -152,9 +156,9 @@ def multihost_topk(query_table, local_doc_table, k: int, *, id_offset: int, num_
   """
   exact.check_tables(query_table, local_doc_table, k, num_docs=num_docs)
   b = np.shape(query_table)[0]
-  rows = np.shape(local_doc_table)[0]
+  rows = np.shape(local_doc_table)[0] if local_docs is None else local_docs
   if rows:
-    local = sharded_topk(query_table, local_doc_table, min(k, rows), mesh=mesh,
+    local = sharded_topk(query_table, local_doc_table, min(k, rows), mesh=mesh, num_docs=rows,
                          id_offset=id_offset, **kwargs)
     scores, ids = np.asarray(local.scores), np.asarray(local.ids)
     if rows < k:  # pad to [B, k] so every process contributes the same shape
