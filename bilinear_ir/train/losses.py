@@ -29,7 +29,7 @@ def margin_ranking_loss(pos: jnp.ndarray, neg: jnp.ndarray, margin: float = 1.0)
 
 
 def softmax_cross_entropy(scores: jnp.ndarray, positive: jnp.ndarray,
-                          mask: jnp.ndarray | None = None, temperature: float | jnp.ndarray = 1.0
+                          mask: jnp.ndarray | None = None, temperature: float = 1.0
                           ) -> jnp.ndarray:
   """Softmax cross entropy of the positive among candidates (in-batch and sampled negatives).
 
@@ -56,7 +56,7 @@ def softmax_cross_entropy(scores: jnp.ndarray, positive: jnp.ndarray,
 
 
 def kl_distillation_loss(student: jnp.ndarray, teacher: jnp.ndarray,
-                         mask: jnp.ndarray | None = None, temperature: float | jnp.ndarray = 1.0
+                         mask: jnp.ndarray | None = None, temperature: float = 1.0
                          ) -> jnp.ndarray:
   """KL(p_teacher || p_student) between softmaxes over each query's candidates (A.2 "KL loss").
 

@@ -122,14 +122,9 @@ def _gather(feats: Any, rows: jnp.ndarray) -> tuple:
 
 
 class StepConfig(NamedTuple):
-  """The hyper-parameters a compiled train step depends on (hashable: a jit static argument).
-
-  `temperature` is the softmax temperature used when `train_step` is given none; `fit` sets it
-  to None and passes the (seed-dependent, see `auto_temperature`) temperature to `train_step` as
-  a traced argument, so runs that differ only in seed share one compiled step.
-  """
+  """The hyper-parameters a compiled train step depends on (hashable: a jit static argument)."""
   loss: str
-  temperature: float | None
+  temperature: float
   margin: float
   batch_size: int
   negatives: int
@@ -144,22 +139,21 @@ class StepConfig(NamedTuple):
 
 
 def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_feats, q_rows,
-          cand_rows, mask, teacher, temperature) -> jnp.ndarray:
+          cand_rows, mask, teacher=None) -> jnp.ndarray:
   """The training loss of one batch: q_rows [B], cand_rows [C], mask [B, C] -> scalar.
 
   `teacher` [Q, N] (distillation losses only): teacher scores of every (query row, doc row).
-  `temperature`: the softmax temperature (a float32 scalar).
   """
   q, docs = _gather(q_feats, q_rows), _gather(d_feats, cand_rows)
   scores = module.apply({"params": p}, *q, *docs, method=module.score_all)  # [B, C]
   B, M = hp.batch_size, hp.negatives
   if hp.loss == "softmax":
-    loss = losses.softmax_cross_entropy(scores, jnp.arange(B), mask, temperature)
+    loss = losses.softmax_cross_entropy(scores, jnp.arange(B), mask, hp.temperature)
   elif hp.loss in DISTILLATION_LOSSES:
     t = teacher[q_rows[:, None], cand_rows[None, :]] / hp.teacher_temperature  # [B, C]
     if hp.loss == "kl":
       # kl_distillation_loss divides both sides by one temperature: pre-scale the teacher.
-      loss = losses.kl_distillation_loss(scores, t * temperature, mask, temperature)
+      loss = losses.kl_distillation_loss(scores, t * hp.temperature, mask, hp.temperature)
     else:
       loss = losses.margin_mse_loss(scores, t, jnp.arange(B), mask)
   else:
@@ -182,11 +176,10 @@ def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_fe
 
 @functools.partial(jax.jit, static_argnames=("module", "hp", "aux_loss"),
                    donate_argnames=("state",))
-def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher=None,
-               temperature=None, *, module, hp, aux_loss=None):
+def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher=None, *,
+               module, hp, aux_loss=None):
   """One optimisation step. Compiled once per (module, hp, aux_loss, shapes), so runs that
-  differ only in seed or data reuse it; features and the temperature are arguments, never
-  baked-in constants.
+  differ only in seed or data reuse it; features are arguments, never baked-in constants.
 
   Args:
     state: {"params", "opt_state", "step"} (donated).
@@ -194,19 +187,14 @@ def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teache
     q_feats, d_feats: query [Q, ...] / doc [N, ...] features (arrays or tuples of arrays).
     q_rows [B], cand_rows [C], mask [B, C]: the batch.
     teacher: [Q, N] teacher scores (the distillation losses), else None.
-    temperature: float32 scalar softmax temperature (traced); None uses `hp.temperature`.
 
   Returns:
     (new state, {"loss", "grad_norm", "param_norm"}).
   """
-  if temperature is None:
-    require(hp.temperature is not None, "train_step needs a temperature (argument or hp)",
-            field="train.temperature")
-    temperature = hp.temperature
   tx = make_optimizer(hp, hp.total_steps)
   loss, grads = jax.value_and_grad(
       lambda p: _loss(module, hp, aux_loss, p, params0, q_feats, d_feats, q_rows, cand_rows,
-                      mask, teacher, temperature))(state["params"])
+                      mask, teacher))(state["params"])
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
   new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
          "step": state["step"] + 1}
@@ -308,8 +296,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   d_feats = jax.device_put(d_feats, repl)
   params0 = jax.device_put(params, repl)
   teacher = jax.device_put(np.asarray(teacher_scores, np.float32), repl) if distill else None
-  temp = jax.device_put(np.float32(temperature), repl)  # traced: one compile for every seed
-  hp = StepConfig(loss=cfg.loss, temperature=None, margin=float(cfg.margin),
+  hp = StepConfig(loss=cfg.loss, temperature=temperature, margin=float(cfg.margin),
                   batch_size=sampler.batch_size, negatives=sampler.negatives_per_query,
                   l2_to_init=float(cfg.l2_to_init), lr=float(cfg.lr),
                   warmup_steps=int(cfg.warmup_steps), total_steps=int(total),
@@ -357,7 +344,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     batch: Batch = sampler.batch(step)
     args = [jax.device_put(a, s) for a, s in zip((batch.q_rows, batch.cand_rows, batch.mask),
                                                   batch_sh)]
-    state, stats = step_fn(state, params0, q_feats, d_feats, *args, teacher, temp)
+    state, stats = step_fn(state, params0, q_feats, d_feats, *args, teacher)
     done = step + 1
     if bar is not None:
       bar.update(1)
