@@ -310,13 +310,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   spec = {"scorer": "bilinear", "rank": None, "residual": None}
   out, info = {}, {}
   bar = tqdm(total=len(config.embeddings) * len(config.seeds), desc="full W", unit="model")
-  prepared = None
-  for emb_name in config.embeddings:
-    cfg = table.embedding_config(config, emb_name)
-    # The collection and BM25 do not depend on the encoder: load them once, re-embed per embedding.
-    prepared = (pipeline.prepare(cfg) if prepared is None
-                else pipeline.reembed(prepared, cfg.encoder))
-    splitset = pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
+  for emb_name, cfg, prepared, splitset in table.embeddings_of(config):
     require(len(splitset.dev.query_ids) > 0, "rank selection needs a dev split; set "
             "data.dev_fraction > 0", field="data.dev_fraction")
     trained = []

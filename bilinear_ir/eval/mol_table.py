@@ -30,7 +30,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
 from bilinear_ir.eval import ranking
 from bilinear_ir.eval import report
@@ -207,13 +206,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   bar = tqdm(total=len(config.embeddings) * len(specs) * len(config.seeds), desc="models",
              unit="model")
   blank = {"p_q": None, "p_x": None, "d_p": None, "mi_weight": None}
-  prepared = None
-  for emb_name in config.embeddings:
-    cfg = table.embedding_config(config, emb_name)
-    # The collection and BM25 do not depend on the encoder: load them once, re-embed per embedding.
-    prepared = (pipeline.prepare(cfg) if prepared is None
-                else pipeline.reembed(prepared, cfg.encoder))
-    splitset = pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
+  for emb_name, cfg, prepared, splitset in table.embeddings_of(config):
     test = splitset.test
     base = {"embedding": emb_name, "mode": cfg.eval.mode}
     zero = {m: 0.0 for m in measures}

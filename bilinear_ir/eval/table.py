@@ -88,6 +88,18 @@ def embedding_config(config, name: str):
   return c
 
 
+def embeddings_of(config):
+  """(name, `embedding_config(config, name)`, its `pipeline.Prepared`, splits) for each of
+  `config.embeddings`, lazily. The collection and BM25 do not depend on the encoder: they are
+  loaded once (`pipeline.prepare`) and only the embeddings are redone (`pipeline.reembed`)."""
+  prepared = None
+  for name in config.embeddings:
+    cfg = embedding_config(config, name)
+    prepared = (pipeline.prepare(cfg) if prepared is None
+                else pipeline.reembed(prepared, cfg.encoder))
+    yield name, cfg, prepared, pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
+
+
 def run(config, workdir: str) -> report.Report:
   """The `reproduce_table` job (configs/reproduce_table.py)."""
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
@@ -103,13 +115,7 @@ def run(config, workdir: str) -> report.Report:
   rows, runs, unseen_counts = [], {}, {}
   bar = tqdm(total=len(config.embeddings) * len(grid) * len(config.seeds), desc="models",
              unit="model")
-  prepared = None
-  for emb_name in config.embeddings:
-    cfg = embedding_config(config, emb_name)
-    # The collection and BM25 do not depend on the encoder: load them once, re-embed per embedding.
-    prepared = (pipeline.prepare(cfg) if prepared is None
-                else pipeline.reembed(prepared, cfg.encoder))
-    splitset = pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
+  for emb_name, cfg, prepared, splitset in embeddings_of(config):
     test = splitset.test
     base = {"embedding": emb_name, "mode": cfg.eval.mode}
     unseen = unseen_doc_queries(prepared.collection, cfg.data.train_split, test)
