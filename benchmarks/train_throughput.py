@@ -27,15 +27,17 @@ agree when both train the same model on the same batches.
 
 Timing (wall clock, host batch sampling included on both sides, as in real training):
   * ours: one `trainer.fit` run of warmup + steps steps on all local devices, without
-    checkpoints, logs or progress bar. Each `fit` call traces and compiles its own step (a new
-    closure), so a separate warm-up run cannot pre-compile a timed one; instead the run's own
-    first `warmup` steps are the warm-up: `train.eval_every = warmup` and an `evaluate` hook that
-    only reads the clock (returning a constant metric) marks the end of step `warmup`, and the
-    timed window runs from there to fit's return. fit reads the loss on the host (a sync) before
-    each evaluation and at the end, so both ends of the window are synchronised; the default
-    warmup, 50, is also the trainer's default `eval_every`, the cadence of those syncs in any
-    run. `first s` is the rest of the run: set-up (device_put of the features, optimizer init),
-    tracing and compilation, i.e. the run's time minus (warmup + steps) steady-state steps.
+    checkpoints, logs or progress bar, `--steps-per-call` steps per jitted call (default: the
+    trainer's `train.steps_per_call`; 1 gives one call per step). Each `fit` call traces and
+    compiles its own step (a new closure), so a separate warm-up run cannot pre-compile a timed
+    one; instead the run's own first `warmup` steps are the warm-up: `train.eval_every = warmup`
+    and an `evaluate` hook that only reads the clock (returning a constant metric) marks the end
+    of step `warmup`, and the timed window runs from there to fit's return. fit reads the loss
+    on the host (a sync) before each evaluation and at the end, so both ends of the window are
+    synchronised; the default warmup, 50, is also the trainer's default `eval_every`, the
+    cadence of those syncs in any run. `first s` is the rest of the run: set-up (device_put of
+    the features, optimizer init), tracing and compilation, i.e. the run's time minus
+    (warmup + steps) steady-state steps.
   * torch: one loop of warmup + steps steps with `torch.set_num_threads(os.cpu_count())`, timed
     over its last `steps` steps.
   * sampling: the host cost of `BatchSampler.batch` alone (ms per step), part of both times.
@@ -77,11 +79,13 @@ def corpus(n: int, num_docs: int, num_queries: int, seed: int
   return queries, docs, TrainSet(pairs, num_queries, num_docs)
 
 
-def train_cfg(batch: int, steps: int) -> ml_collections.ConfigDict:
+def train_cfg(batch: int, steps: int, per_call: int | None = None) -> ml_collections.ConfigDict:
   """The trainer's defaults with the benchmark's batch: softmax, in-batch + 1 random negative,
   and a fixed temperature (0.05) that the PyTorch loop applies the same way."""
   cfg = trainer.train_config()
   cfg.batch_size, cfg.steps = batch, steps
+  if per_call is not None:
+    cfg.steps_per_call = per_call
   cfg.hard_negatives, cfg.random_negatives, cfg.in_batch = 0, 1, True
   cfg.auto_temperature, cfg.temperature = False, 0.05
   return cfg
@@ -183,7 +187,7 @@ def run_case(torch: Any, case: str, n: int, args: argparse.Namespace) -> dict[st
   queries, docs, ts = corpus(n, args.docs, args.queries, args.seed)
   module = scorers.build(case, dim=n, **CASES[case])
   params = scorers.init_params(module, jax.random.key(args.seed))
-  cfg = train_cfg(args.batch, args.warmup + args.steps)
+  cfg = train_cfg(args.batch, args.warmup + args.steps, args.steps_per_call)
   cfg.eval_every = args.warmup
   t_run, ours_s, history = time_fit(module, params, queries, docs, ts, cfg, args.seed)
   torch_s, torch_losses = torch_loop(torch, case, params, queries, docs, ts, cfg, args.warmup,
@@ -210,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--steps", type=int, default=200, help="timed steps")
   ap.add_argument("--warmup", type=int, default=50,
                   help="untimed steps before them (compilation); also fit's eval_every")
+  ap.add_argument("--steps-per-call", type=int, default=None,
+                  help="fit's train.steps_per_call (default: the trainer's)")
   ap.add_argument("--docs", type=int, default=20000, help="corpus docs N")
   ap.add_argument("--queries", type=int, default=5000, help="training queries (= pairs)")
   ap.add_argument("--seed", type=int, default=0)
@@ -225,8 +231,8 @@ def main(argv: list[str] | None = None) -> None:
   if unknown:
     sys.exit(f"unknown case(s) {unknown}; known: {sorted(CASES)}")
   dims = [int(d) for d in args.dims.split(",")]
-  if args.steps < 1 or args.warmup < 1:
-    sys.exit("--steps and --warmup must be >= 1")
+  if args.steps < 1 or args.warmup < 1 or (args.steps_per_call or 1) < 1:
+    sys.exit("--steps, --warmup and --steps-per-call must be >= 1")
   if not 1 <= args.batch <= args.queries or args.batch % jax.device_count():
     sys.exit(f"--batch must be <= --queries and a multiple of the {jax.device_count()} devices")
   if "lowrank" in cases and min(dims) < CASES["lowrank"]["rank"]:

@@ -107,12 +107,12 @@ def test_trainer_distillation_loss_equals_numpy(loss):
                           teacher_temperature=2.5)
   state = {"params": params, "opt_state": trainer.make_optimizer(hp, 10).init(params),
            "step": jnp.zeros((), jnp.int32)}
-  _, stats = trainer.train_step(jax.tree.map(jnp.copy, state), params, q, d, q_rows, cand, mask,
-                                teacher, module=module, hp=hp)
+  _, stats = trainer.train_steps(jax.tree.map(jnp.copy, state), params, q, d, q_rows[None],
+                                 cand[None], mask[None], teacher, module=module, hp=hp)
   s = (q[q_rows] * np.asarray(params["v"])) @ d[cand].T  # WDP scores [B, C]
   t = teacher[q_rows][:, cand]
   want = (_np_kl(s, t, mask, 0.7, 2.5) if loss == "kl" else _np_margin_mse(s, t, mask, 2.5))
-  assert float(stats["loss"]) == pytest.approx(want, rel=1e-4)
+  assert float(stats["loss"][0]) == pytest.approx(want, rel=1e-4)
 
 
 def test_distillation_pulls_the_student_toward_the_teacher():

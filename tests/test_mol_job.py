@@ -58,12 +58,12 @@ def test_train_and_evaluate_loss_is_ce_plus_alpha_l_mi(prepared):
   cfg = _config(beir, alpha)
   splitset = pipeline.splits(prep.collection, cfg.data, cfg.seed)[0]
   module = trainer.build_model(cfg.model, DIM)
-  compiled = trainer.train_step._cache_size()  # pylint: disable=protected-access
+  compiled = trainer.train_steps._cache_size()  # pylint: disable=protected-access
   with_mi = trainer.train_and_evaluate(cfg, prep, splitset, progress=False,
                                        aux_loss=losses.mi_loss(module))
   without = trainer.train_and_evaluate(cfg, prep, splitset, progress=False, aux_loss=None)
   # One compiled step per run (the initial state is placed like the step's outputs).
-  assert trainer.train_step._cache_size() == compiled + 2  # pylint: disable=protected-access
+  assert trainer.train_steps._cache_size() == compiled + 2  # pylint: disable=protected-access
   # Without a dev split, history[0] is step 1: its loss is step 0's, on the initial params and
   # batch 0.
   assert with_mi["history"][0]["step"] == without["history"][0]["step"] == 1
@@ -101,12 +101,12 @@ def test_train_and_evaluate_loss_is_ce_plus_alpha_l_mi(prepared):
   assert lmi["with"] < lmi["without"] - 0.1
   # A second seed of the same MoL reuses the compiled step and the compiled scoring block.
   # pylint: disable=protected-access
-  steps, blocks = trainer.train_step._cache_size(), ranking._score_block._cache_size()
+  steps, blocks = trainer.train_steps._cache_size(), ranking._score_block._cache_size()
   with cfg.unlocked():
     cfg.seed = 1
   trainer.train_and_evaluate(cfg, prep, splitset, progress=False,
                              aux_loss=losses.mi_loss(trainer.build_model(cfg.model, DIM)))
-  assert trainer.train_step._cache_size() == steps
+  assert trainer.train_steps._cache_size() == steps
   assert ranking._score_block._cache_size() == blocks
 
 

@@ -90,6 +90,29 @@ def test_resume_from_checkpoint_equals_uninterrupted(tmp_path):
   assert resumed.best_step == full.best_step
 
 
+def test_steps_per_call_changes_nothing_but_the_number_of_calls():
+  """Scans of 1, 7 or 64 steps per call: the same batches, updates, evaluations and result."""
+  qs, docs, best = _planted(4)
+  module = scorers.build("bilinear", dim=16)
+  params = scorers.init_params(module, jax.random.key(0))
+  ts = TrainSet(np.stack([np.arange(len(qs)), best], 1), len(qs), len(docs))
+  ev = lambda p: {"acc": _accuracy(module, p, qs[:40], docs, best[:40])}
+  runs = [trainer.fit(module, params, qs, docs, ts,
+                      _cfg(steps=45, eval_every=20, steps_per_call=per_call), seed=1,
+                      evaluate=ev, progress=False) for per_call in (1, 7, 64)]
+  assert [h["step"] for h in runs[0].history] == [0, 20, 40, 45]
+  for res in runs[1:]:
+    for key in ("step", "loss", "acc"):  # the step-0 loss is NaN (no step yet)
+      np.testing.assert_array_equal([h[key] for h in res.history],
+                                    [h[key] for h in runs[0].history])
+    assert res.best_step == runs[0].best_step
+    for a, b in zip(jax.tree.leaves(res.last_params), jax.tree.leaves(runs[0].last_params)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(InputError, match="steps_per_call"):
+    trainer.fit(module, params, qs, docs, ts, _cfg(steps=5, steps_per_call=0), seed=1,
+                progress=False)
+
+
 def test_non_finite_gradients_skip_the_update():
   qs, docs, best = _planted(3)
   qs = qs.copy()

@@ -64,6 +64,9 @@ def train_config() -> ml_collections.ConfigDict:
     eval_every: steps between dev evaluations (model selection keeps the best dev params).
     select_metric: dev metric that picks the checkpoint.
     checkpoint_every, keep_checkpoints: orbax cadence and retention.
+    steps_per_call: steps run by one jitted call (`train_steps`, a scan over that many batches
+      sampled together). Calls end at every evaluation, checkpoint and the last step, so the
+      cadences above are kept exactly; the result does not depend on it.
   """
   c = ml_collections.ConfigDict()
   c.loss = "softmax"
@@ -88,6 +91,7 @@ def train_config() -> ml_collections.ConfigDict:
   c.select_metric = "ndcg@10"
   c.checkpoint_every = 100
   c.keep_checkpoints = 2
+  c.steps_per_call = 10
   return c
 
 
@@ -174,23 +178,9 @@ def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_fe
   return loss
 
 
-@functools.partial(jax.jit, static_argnames=("module", "hp", "aux_loss"),
-                   donate_argnames=("state",))
-def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher=None, *,
-               module, hp, aux_loss=None):
-  """One optimisation step. Compiled once per (module, hp, aux_loss, shapes), so runs that
-  differ only in seed or data reuse it; features are arguments, never baked-in constants.
-
-  Args:
-    state: {"params", "opt_state", "step"} (donated).
-    params0: the initial params (anchor of `l2_to_init`).
-    q_feats, d_feats: query [Q, ...] / doc [N, ...] features (arrays or tuples of arrays).
-    q_rows [B], cand_rows [C], mask [B, C]: the batch.
-    teacher: [Q, N] teacher scores (the distillation losses), else None.
-
-  Returns:
-    (new state, {"loss", "grad_norm", "param_norm"}).
-  """
+def _step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher, module, hp,
+          aux_loss):
+  """One optimisation step on one batch (q_rows [B], cand_rows [C], mask [B, C])."""
   tx = make_optimizer(hp, hp.total_steps)
   loss, grads = jax.value_and_grad(
       lambda p: _loss(module, hp, aux_loss, p, params0, q_feats, d_feats, q_rows, cand_rows,
@@ -200,6 +190,34 @@ def train_step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teache
          "step": state["step"] + 1}
   return new, {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "param_norm": optax.tree.norm(new["params"])}
+
+
+@functools.partial(jax.jit, static_argnames=("module", "hp", "aux_loss"),
+                   donate_argnames=("state",))
+def train_steps(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher=None, *,
+                module, hp, aux_loss=None):
+  """L optimisation steps in one call (a `lax.scan` over L batches sampled on the host).
+
+  Compiled once per (module, hp, aux_loss, shapes, L), so runs that differ only in seed or data
+  reuse it; features are arguments, never baked-in constants. One call per L steps instead of
+  one per step saves the per-call dispatch and transfers (on a 2-core CPU, bilinear n = 384,
+  batch 256: 3.1 -> 2.4 ms per step with L = 10); the steps compute exactly what L calls of one
+  step would.
+
+  Args:
+    state: {"params", "opt_state", "step"} (donated).
+    params0: the initial params (anchor of `l2_to_init`).
+    q_feats, d_feats: query [Q, ...] / doc [N, ...] features (arrays or tuples of arrays).
+    q_rows [L, B], cand_rows [L, C], mask [L, B, C]: L batches, step order.
+    teacher: [Q, N] teacher scores (the distillation losses), else None.
+
+  Returns:
+    (new state, {"loss", "grad_norm", "param_norm"} each [L], one value per step).
+  """
+  return jax.lax.scan(
+      lambda st, batch: _step(st, params0, q_feats, d_feats, *batch, teacher, module, hp,
+                              aux_loss),
+      state, (q_rows, cand_rows, mask))
 
 
 @dataclasses.dataclass
@@ -265,6 +283,8 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   """
   require(cfg.loss in LOSSES, f"must be one of {LOSSES}, got {cfg.loss!r}", field="train.loss")
   require(cfg.temperature > 0, f"must be > 0, got {cfg.temperature}", field="train.temperature")
+  require(cfg.steps_per_call >= 1, f"must be >= 1, got {cfg.steps_per_call}",
+          field="train.steps_per_call")
   distill = cfg.loss in DISTILLATION_LOSSES
   require(distill == (teacher_scores is not None),
           f"train.loss {cfg.loss!r} {'needs' if distill else 'takes no'} teacher scores",
@@ -304,8 +324,10 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
                   weight_decay=float(cfg.weight_decay), clip_norm=float(cfg.clip_norm),
                   teacher_temperature=float(cfg.get("teacher_temperature", 1.0)))
   tx = make_optimizer(hp, total)
-  batch_sh = (NamedSharding(mesh, P("data")), repl, NamedSharding(mesh, P("data", None)))
-  step_fn = functools.partial(train_step, module=module, hp=hp, aux_loss=aux_loss)
+  # Batches stacked [L, ...]: the batch axis is split over devices, candidates replicated.
+  batch_sh = (NamedSharding(mesh, P(None, "data")), repl,
+              NamedSharding(mesh, P(None, "data", None)))
+  steps_fn = functools.partial(train_steps, module=module, hp=hp, aux_loss=aux_loss)
   # The state is donated to each step, so it must not share buffers with params0 / best.
   # Placed like the step's outputs (replicated), so the first step does not compile once more.
   state = jax.device_put({"params": jax.tree.map(jnp.copy, params0),
@@ -339,20 +361,26 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   if start == 0 and evaluate is not None and not record["history"]:
     evaluate_now(0, float("nan"))
   bar = _progress(total, start, progress)
-  stats = None
-  for step in range(start, total):
-    batch: Batch = sampler.batch(step)
-    args = [jax.device_put(a, s) for a, s in zip((batch.q_rows, batch.cand_rows, batch.mask),
-                                                  batch_sh)]
-    state, stats = step_fn(state, params0, q_feats, d_feats, *args, teacher)
-    done = step + 1
+  step = start
+  while step < total:
+    end = _call_end(step, total, int(cfg.steps_per_call), cfg.eval_every,
+                    ckpt.every if ckpt is not None else None, stop_after)
+    batches = [sampler.batch(s) for s in range(step, end)]
+    args = [jax.device_put(np.stack([getattr(b, f) for b in batches]), s)
+            for f, s in zip(("q_rows", "cand_rows", "mask"), batch_sh)]
+    # Dispatched asynchronously: the next call's batches are sampled while this one runs.
+    state, stats = steps_fn(state, params0, q_feats, d_feats, *args, teacher)
     if bar is not None:
-      bar.update(1)
-    if writer and (done % 10 == 0 or done == total):
-      for k, v in stats.items():
-        writer.add_scalar(f"train/{k}", float(v), done)
+      bar.update(end - step)
+    if writer:
+      host = jax.device_get(stats)
+      for i, done in enumerate(range(step + 1, end + 1)):
+        if done % 10 == 0 or done == total:
+          for k, v in host.items():
+            writer.add_scalar(f"train/{k}", float(v[i]), done)
+    step = done = end
     if done % cfg.eval_every == 0 or done == total:
-      evaluate_now(done, float(stats["loss"]))
+      evaluate_now(done, float(stats["loss"][-1]))
     record["step"] = done
     if ckpt is not None:
       ckpt.maybe_save(done, {"state": state, "best": best}, record, force=done == total)
@@ -368,6 +396,19 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   return FitResult(params=selected, last_params=state["params"], history=record["history"],
                    best_step=int(record["best_step"]) if evaluate is not None else total,
                    temperature=temperature)
+
+
+def _call_end(step: int, total: int, per_call: int, eval_every: int,
+              checkpoint_every: int | None, stop_after: int | None) -> int:
+  """Where the call starting at `step` stops: the next multiple of `per_call`, or earlier at the
+  next evaluation, checkpoint, `stop_after` or the last step (`total`)."""
+  nxt = lambda every: (step // every + 1) * every
+  ends = [total, nxt(per_call), nxt(max(1, eval_every))]
+  if checkpoint_every:
+    ends.append(nxt(checkpoint_every))
+  if stop_after is not None and stop_after > step:
+    ends.append(stop_after)
+  return min(ends)
 
 
 def _writer(log_dir: str | None):
