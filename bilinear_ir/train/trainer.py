@@ -20,7 +20,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bilinear_ir.data.batches import Batch, BatchSampler, TrainSet
+from bilinear_ir.data.batches import BatchSampler, TrainSet
 from bilinear_ir.errors import require
 from bilinear_ir.train import checkpoints
 from bilinear_ir.train import losses
