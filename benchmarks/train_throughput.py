@@ -35,13 +35,15 @@ Timing (wall clock, host batch sampling included on both sides, as in real train
     of step `warmup`, and the timed window runs from there to fit's return. fit reads the loss
     on the host (a sync) before each evaluation and at the end, so both ends of the window are
     synchronised; the default warmup, 50, is also the trainer's default `eval_every`, the
-    cadence of those syncs in any run. `first s` is the rest of the run: set-up (device_put of
-    the features, optimizer init), tracing and compilation, i.e. the run's time minus
-    (warmup + steps) steady-state steps.
+    cadence of those syncs in any run. `first s` is the rest of the first round's run: set-up
+    (device_put of the features, optimizer init), tracing and compilation, i.e. the run's time
+    minus (warmup + steps) steady-state steps.
   * torch: one loop of warmup + steps steps with `torch.set_num_threads(os.cpu_count())`, timed
     over its last `steps` steps.
   * sampling: the host cost of `BatchSampler.batch` alone (ms per step), part of both times.
-examples/s = B * steps / time; ratio = ours / torch.
+Each case runs `--rounds` rounds (default 3), each timing both sides once, alternating which goes
+first; times are medians over rounds, the ratio the median of the per-round ratios (all printed).
+examples/s = B * steps / time; ratio = ours / torch examples/s.
 """
 from __future__ import annotations
 
@@ -183,23 +185,38 @@ def sampling_ms(ts: TrainSet, cfg: ml_collections.ConfigDict, steps: int, seed: 
 
 
 def run_case(torch: Any, case: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
-  """One (scorer, n) case: examples/s of ours and torch and the breakdown (module docstring)."""
+  """One (scorer, n) case: examples/s of ours and torch and the breakdown (module docstring).
+
+  `args.rounds` rounds, each timing ours and torch once (alternating which goes first, so a
+  machine whose speed drifts favours neither); times are the medians over rounds and the ratio
+  is the median of the rounds' ratios.
+  """
   queries, docs, ts = corpus(n, args.docs, args.queries, args.seed)
   module = scorers.build(case, dim=n, **CASES[case])
   params = scorers.init_params(module, jax.random.key(args.seed))
   cfg = train_cfg(args.batch, args.warmup + args.steps, args.steps_per_call)
   cfg.eval_every = args.warmup
-  t_run, ours_s, history = time_fit(module, params, queries, docs, ts, cfg, args.seed)
-  torch_s, torch_losses = torch_loop(torch, case, params, queries, docs, ts, cfg, args.warmup,
-                                     args.seed)
+  ours, theirs, runs = [], [], []
+  for r in range(args.rounds):
+    for side in (("ours", "torch") if r % 2 == 0 else ("torch", "ours")):
+      if side == "ours":
+        t_run, ours_s, history = time_fit(module, params, queries, docs, ts, cfg, args.seed)
+        ours.append(ours_s)
+        runs.append(t_run - ours_s * (args.warmup + args.steps) / args.steps)
+      else:
+        torch_s, torch_losses = torch_loop(torch, case, params, queries, docs, ts, cfg,
+                                           args.warmup, args.seed)
+        theirs.append(torch_s)
+  ours_s, torch_s = float(np.median(ours)), float(np.median(theirs))
   sample_ms = sampling_ms(ts, cfg, min(args.steps, 100), args.seed)
   examples = args.batch * args.steps
   row = {"name": f"{case} n={n} B={args.batch}", "examples_per_s": examples / ours_s,
          "torch_examples_per_s": examples / torch_s,
-         "ratio_vs_torch": torch_s / ours_s,
+         "ratio_vs_torch": float(np.median(np.asarray(theirs) / np.asarray(ours))),
+         "ratio_per_round": [round(t / o, 3) for t, o in zip(theirs, ours)],
          "ms_per_step": ours_s / args.steps * 1e3, "torch_ms_per_step": torch_s / args.steps * 1e3,
          "sampling_ms_per_step": sample_ms,
-         "fit_first_s": t_run - ours_s * (args.warmup + args.steps) / args.steps,
+         "fit_first_s": runs[0],
          "losses": [{"step": h["step"], "ours": h["loss"], "torch": torch_losses.get(h["step"])}
                     for h in history if h["step"] in torch_losses]}
   return row
@@ -214,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--steps", type=int, default=200, help="timed steps")
   ap.add_argument("--warmup", type=int, default=50,
                   help="untimed steps before them (compilation); also fit's eval_every")
+  ap.add_argument("--rounds", type=int, default=3,
+                  help="timed runs of each side per case, alternating (medians reported)")
   ap.add_argument("--steps-per-call", type=int, default=None,
                   help="fit's train.steps_per_call (default: the trainer's)")
   ap.add_argument("--docs", type=int, default=20000, help="corpus docs N")
@@ -231,8 +250,8 @@ def main(argv: list[str] | None = None) -> None:
   if unknown:
     sys.exit(f"unknown case(s) {unknown}; known: {sorted(CASES)}")
   dims = [int(d) for d in args.dims.split(",")]
-  if args.steps < 1 or args.warmup < 1 or (args.steps_per_call or 1) < 1:
-    sys.exit("--steps, --warmup and --steps-per-call must be >= 1")
+  if min(args.steps, args.warmup, args.rounds, args.steps_per_call or 1) < 1:
+    sys.exit("--steps, --warmup, --rounds and --steps-per-call must be >= 1")
   if not 1 <= args.batch <= args.queries or args.batch % jax.device_count():
     sys.exit(f"--batch must be <= --queries and a multiple of the {jax.device_count()} devices")
   if "lowrank" in cases and min(dims) < CASES["lowrank"]["rank"]:
@@ -251,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
       rows.append(r)
       print(f"{r['name']:<24}{r['examples_per_s']:>11.0f}{r['torch_examples_per_s']:>12.0f}"
             f"{r['ratio_vs_torch']:>7.2f}{r['ms_per_step']:>9.2f}{r['torch_ms_per_step']:>10.2f}"
-            f"{r['sampling_ms_per_step']:>11.2f}{r['fit_first_s']:>9.2f}", flush=True)
+            f"{r['sampling_ms_per_step']:>11.2f}{r['fit_first_s']:>9.2f}  rounds "
+            f"{r['ratio_per_round']}", flush=True)
   print("loss check (same batches, same init; ours vs torch at logged steps):")
   for r in rows:
     pairs = ", ".join(f"{x['step']}: {x['ours']:.4f}/{x['torch']:.4f}" for x in r["losses"])
