@@ -226,16 +226,20 @@ def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
       start = i * c
       return _step(st, qt, lax.dynamic_slice_in_dim(dt, start, c), i * nb, valid_of(start, c))
     state = lax.fori_loop(0, nfull, body, state)
-  tail = n - nfull * c
-  if tail:
-    padded = -(-tail // g) * g
-    start = nfull * c
-    rows = jnp.pad(dt[start:], ((0, padded - tail), (0, 0)))
-    ok = jnp.arange(padded) < tail
-    extra = valid_of(start, tail)
+  # The tail: its whole blocks unmasked (masking all its scores cost more than their matmul:
+  # 1,000 queries x 200,000 docs at width 32, 10 of 130 ms), then one block padded and masked.
+  start = nfull * c
+  whole = (n - start) // g * g
+  if whole:
+    state = _step(state, qt, dt[start:start + whole], start // g, valid_of(start, whole))
+  rest = n - start - whole
+  if rest:
+    start += whole
+    ok = jnp.arange(g) < rest
+    extra = valid_of(start, rest)
     if extra is not None:
-      ok = ok & jnp.pad(extra, (0, padded - tail))
-    state = _step(state, qt, rows, nfull * nb, ok)
+      ok = ok & jnp.pad(extra, (0, g - rest))
+    state = _step(state, qt, jnp.pad(dt[start:], ((0, g - rest), (0, 0))), start // g, ok)
   return _finish(state, k, n, id_offset)
 
 
