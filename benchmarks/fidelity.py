@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
-from bilinear_ir import files
+from bilinear_ir import allocator, files
 from bilinear_ir.fidelity import experiments
 from bilinear_ir.fidelity import projections
 from bilinear_ir.eval import latency
@@ -93,6 +93,7 @@ def numpy_trial(parts: list[tuple], rows: int, triples, k: int, grid: tuple[int,
 
 
 def main():
+  allocator.keep_freed_memory()  # as the project's binary does (bilinear_ir.allocator)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--rows", type=int, default=1135, help="projected rows (queries + docs)")
   p.add_argument("--vocab", type=int, default=15000, help="vocabulary size V")

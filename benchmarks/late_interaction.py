@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bilinear_ir import files, scorers
+from bilinear_ir import allocator, files, scorers
 from bilinear_ir.eval.latency import de_case, hardware, late_case, mebert_case, timed
 from bilinear_ir.scorers import late_interaction, multivector  # noqa: F401  (registers them)
 
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 
 def main() -> None:
+  allocator.keep_freed_memory()  # as the project's binary does (bilinear_ir.allocator)
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--tq", type=int, default=32, help="query tokens")
   parser.add_argument("--td", type=int, default=180, help="doc tokens (SciFact-like abstracts)")

@@ -62,7 +62,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bilinear_ir import files, scorers  # noqa: E402
+from bilinear_ir import allocator, files, scorers  # noqa: E402
 from bilinear_ir.eval import latency  # noqa: E402
 from bilinear_ir.retrieval import certified, exact, sharded  # noqa: E402
 
@@ -240,6 +240,7 @@ class Runner:
 
 
 def main(args) -> None:
+  allocator.keep_freed_memory()  # as the project's binary does (bilinear_ir.allocator)
   run = Runner(args)
   print(hardware(), flush=True)
   size = lambda default: max(args.k, int(round((args.docs or default) * args.scale)))

@@ -58,7 +58,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bilinear_ir import files, scorers
+from bilinear_ir import allocator, files, scorers
 from bilinear_ir.data.batches import BatchSampler, TrainSet
 from bilinear_ir.train import trainer
 from bilinear_ir.eval import latency
@@ -224,6 +224,7 @@ def run_case(torch: Any, case: str, n: int, args: argparse.Namespace) -> dict[st
 
 def main(argv: list[str] | None = None) -> None:
   """Parses arguments, runs every case and prints (and optionally writes) the table."""
+  allocator.keep_freed_memory()  # as the project's binary does (bilinear_ir.allocator)
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--cases", default="bilinear,lowrank", help="comma list of " + ",".join(CASES))
   ap.add_argument("--dims", default="384,768", help="comma list of embedding widths n")

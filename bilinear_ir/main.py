@@ -15,6 +15,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from bilinear_ir import allocator
 from bilinear_ir.errors import InputError
 
 FLAGS = flags.FLAGS
@@ -72,6 +73,7 @@ def main(argv):
   if FLAGS.config is None or FLAGS.workdir is None:
     fail("both --config and --workdir are required")
   logging.set_verbosity(logging.WARNING)
+  allocator.keep_freed_memory()
   try:
     run(FLAGS.config, os.path.abspath(FLAGS.workdir))
   except InputError as e:

@@ -19,9 +19,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bilinear_ir import allocator
+
 
 def hardware() -> str:
-  """One line: CPU model, core count, jax backend and devices."""
+  """One line: CPU model, core count, jax backend and devices, allocator setting."""
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -30,7 +32,7 @@ def hardware() -> str:
     pass
   dev = jax.devices()[0]
   return (f"{cpu}; {os.cpu_count()} cores; jax {jax.__version__} {dev.platform} "
-          f"({jax.device_count()} x {dev.device_kind})")
+          f"({jax.device_count()} x {dev.device_kind}); {allocator.describe()}")
 
 
 def timed(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
