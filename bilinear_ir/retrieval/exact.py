@@ -41,7 +41,7 @@ from jax import lax
 
 from bilinear_ir.errors import input_error
 
-DEFAULT_CHUNK = 2048        # doc rows per scan step for k <= 16: [B, chunk] scores live at once
+DEFAULT_CHUNK = 8192        # doc rows per scan step for k <= 64: [B, chunk] scores live at once
 MAX_CHUNK = 32768           # largest default chunk (k > 256 then prunes with smaller blocks)
 DEFAULT_QUERY_CHUNK = 1024  # queries per scan
 MAX_BLOCK = 32              # largest block of docs summarised by its maximum
@@ -85,16 +85,17 @@ def check_tables(query_table, doc_table, k: int, num_docs: int | None = None,
     raise input_error(f"at most {NO_DOC - 1} docs fit int32 ids, got {n}", file=where)
 
 
-def default_chunk(k: int, width: int | None = None) -> int:
-  """Doc rows per scan step: max(base, 128 k) up to MAX_CHUNK.
+def default_chunk(k: int) -> int:
+  """Doc rows per scan step: max(DEFAULT_CHUNK, 128 k) up to MAX_CHUNK.
 
   Each step costs a `lax.top_k` over k + chunk / block values and gathers k * block scores, so
-  the chunk grows with k to keep both small per doc. `base` is DEFAULT_CHUNK, or 4x that for
-  narrow tables (width <= 64, e.g. low-rank ones), whose matmul is too cheap to hide the per-step
-  selection (measured on a 2-core CPU, 1,000 queries x 200,000 docs at width 32: 137 -> 122 ms).
+  the chunk grows with k to keep both small per doc. DEFAULT_CHUNK was measured on a 2-core CPU
+  with `allocator.keep_freed_memory`, 1,000 queries x 200,000 docs at width 384, k = 10 (median
+  ms of 4 interleaved calls): chunks 1,024 / 2,048 / 4,096 / 8,192 took 655 / 634 / 612 / 603
+  (FAISS flat 603); chunks 4,096 / 8,192 / 12,288 / 16,384 took 553 / 547 / 569 / 587 (FAISS
+  555). Width 32 (low-rank tables) is also fastest at 8,192.
   """
-  base = DEFAULT_CHUNK * 4 if width is not None and width <= 64 else DEFAULT_CHUNK
-  return int(min(MAX_CHUNK, max(base, 128 * k)))
+  return int(min(MAX_CHUNK, max(DEFAULT_CHUNK, 128 * k)))
 
 
 def default_block(k: int, chunk: int) -> int:
@@ -193,7 +194,7 @@ def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
     qt: [B, w] query table.
     dt: [N, w] doc table (k may exceed N: missing slots get score -inf and id NO_DOC).
     k: results per query.
-    chunk: doc rows per step (None: `default_chunk(k, width)`; rounded up to a multiple of the
+    chunk: doc rows per step (None: `default_chunk(k)`; rounded up to a multiple of the
       block).
     block: docs per block (None: `default_block(k, chunk)`).
     id_offset: added to every returned id (int or traced int32), e.g. a shard's first row.
@@ -204,7 +205,7 @@ def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
     TopK [B, k] with ids `id_offset + row`.
   """
   b, n = qt.shape[0], dt.shape[0]
-  chunk = default_chunk(k, dt.shape[1]) if chunk is None else chunk
+  chunk = default_chunk(k) if chunk is None else chunk
   g = default_block(k, chunk) if block is None else block
   c = -(-chunk // g) * g
   nb = c // g
