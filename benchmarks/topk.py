@@ -20,7 +20,9 @@ Cases (names as in the JSON; sizes follow --queries/--docs/--dim/--k/--scale whe
                                    fraction of docs rescored.
 Data: standard normal embeddings from --seed (queries and docs), float32.
 Timing: `time.perf_counter` around the call + `block_until_ready`, one warm-up call, median of
---repeats runs; tables (doc tables, bf16 copies, FAISS index) are built before timing.
+--repeats rounds; in each round every method and peer of the case is called once, in an order
+that rotates between rounds (`latency.timed_interleaved`), so a drifting machine speed favours
+none; tables (doc tables, bf16 copies, FAISS index) are built before timing.
 ratio_vs_faiss = FAISS time / our time (> 1: faster than FAISS); ratio_vs_matmul = our time /
 bare jitted matmul `qt @ dt.T` time of the same shapes (the lower bound of a brute-force scan).
 """
@@ -88,11 +90,6 @@ def certificate(rescored, num_docs: int) -> dict:
           "mean_rescored_others": round(float(rest.mean()), 2) if rest.size else None}
 
 
-def timed(fn, repeats: int) -> float:
-  """Median milliseconds of `fn()` (results blocked on) after one warm-up call."""
-  return latency.timed(fn, repeats, warmup=1)
-
-
 def recall(found, truth) -> float:
   """Mean |found_i & truth_i| / k over queries: ids [B, k] each."""
   found, truth = np.asarray(found), np.asarray(truth)
@@ -122,19 +119,25 @@ class Runner:
     n = dt.shape[0]
     return lambda: sharded.sharded_topk(qt, placed, k, mesh=self.mesh, num_docs=n)
 
-  def faiss_ms(self, q: np.ndarray, d: np.ndarray, k: int) -> float | None:
-    if "faiss" not in self.peers:
-      return None
-    import faiss  # pylint: disable=g-import-not-at-top
-    index = faiss.IndexFlatIP(d.shape[1])
-    index.add(np.ascontiguousarray(d, np.float32))
-    q = np.ascontiguousarray(q, np.float32)
-    return timed(lambda: index.search(q, k), self.args.repeats)
+  def peers_of(self, q: np.ndarray, d: np.ndarray, qt, dt, k: int) -> dict:
+    """The selected peers' timed calls: FAISS IndexFlatIP over d [N, n] searched with q [B, n]
+    (built here, untimed), the bare jitted matmul of qt [B, w] and dt [N, w]."""
+    fns = {}
+    if "faiss" in self.peers:
+      import faiss  # pylint: disable=g-import-not-at-top
+      index = faiss.IndexFlatIP(d.shape[1])
+      index.add(np.ascontiguousarray(d, np.float32))
+      qc = np.ascontiguousarray(q, np.float32)
+      fns["faiss"] = lambda: index.search(qc, k)
+    if "matmul" in self.peers:
+      fns["matmul"] = lambda: self._mm(qt, dt)
+    return fns
 
-  def matmul_ms(self, qt, dt) -> float | None:
-    if "matmul" not in self.peers:
-      return None
-    return timed(lambda: self._mm(qt, dt), self.args.repeats)
+  def time_all(self, fns: dict) -> dict:
+    """Median ms of every call, timed interleaved (one warm-up call each); None for peers not
+    selected."""
+    ms = latency.timed_interleaved(fns, self.args.repeats, warmup=1)
+    return {name: ms.get(name) for name in ("faiss", "matmul", "numpy")} | ms
 
   def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, **extra):
     case = {"name": name, "queries": b, "docs": n, "dim": w, "k": k, "dtype": dtype,
@@ -154,24 +157,27 @@ class Runner:
   def plain(self, b, n, w, k):
     q, d = self.data(b, n, w)
     qj, dj = jnp.asarray(q), jnp.asarray(d)
-    faiss_ms, matmul_ms = self.faiss_ms(q, d, k), self.matmul_ms(qj, dj)
     tag = f"q{b}_d{n}_n{w}_k{k}"
     truth = exact.topk(qj, dj, k)
-    if self.args.dtype == "float32":
-      ms = timed(self.scan(qj, dj, k), self.args.repeats)
-      self.record(tag, b, n, w, k, "float32", ms, faiss_ms, matmul_ms, "exact.topk float32 scan")
     low, norm = certified.bf16_table(dj)
-    fn = lambda: certified.bf16_topk(qj, dj, k, doc_table_bf16=low, max_doc_norm=norm)
-    res = fn()
-    same = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
-    ms = timed(fn, self.args.repeats)
-    self.record("bf16cand_" + tag, b, n, w, k, "float32", ms, faiss_ms, matmul_ms,
-                "certified.bf16_topk (bf16 scan + fp32 rescore, exact)", same_ids_as_fp32=same,
-                **certificate(res.rescored, n))
     ql = qj.astype(jnp.bfloat16)
-    ms = timed(self.scan(ql, low, k), self.args.repeats)
+    fns = self.peers_of(q, d, qj, dj, k)
+    if self.args.dtype == "float32":
+      fns["scan"] = self.scan(qj, dj, k)
+    fns["bf16cand"] = lambda: certified.bf16_topk(qj, dj, k, doc_table_bf16=low,
+                                                  max_doc_norm=norm)
+    fns["bf16"] = self.scan(ql, low, k)
+    ms = self.time_all(fns)
+    if "scan" in ms:
+      self.record(tag, b, n, w, k, "float32", ms["scan"], ms["faiss"], ms["matmul"],
+                  "exact.topk float32 scan")
+    res = fns["bf16cand"]()
+    same = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
+    self.record("bf16cand_" + tag, b, n, w, k, "float32", ms["bf16cand"], ms["faiss"],
+                ms["matmul"], "certified.bf16_topk (bf16 scan + fp32 rescore, exact)",
+                same_ids_as_fp32=same, **certificate(res.rescored, n))
     rec = recall(exact.topk(ql, low, k).ids, truth.ids)
-    self.record("bf16_" + tag, b, n, w, k, "bfloat16", ms, faiss_ms, matmul_ms,
+    self.record("bf16_" + tag, b, n, w, k, "bfloat16", ms["bf16"], ms["faiss"], ms["matmul"],
                 "exact.topk on a bf16 table (approximate)", recall_vs_fp32=round(rec, 4))
 
   def lowrank(self, b, n, w, k, r):
@@ -181,35 +187,37 @@ class Runner:
     v = {"params": params}
     qt = module.apply(v, jnp.asarray(q), method=module.query_table)
     dt = jax.block_until_ready(module.apply(v, jnp.asarray(d), method=module.doc_table))
-    faiss_ms = self.faiss_ms(q, d, k)  # the peer: full-width flat index, same queries
-    matmul_ms = self.matmul_ms(qt, dt)
-    ms = timed(self.scan(qt, dt, k), self.args.repeats)
-    self.record(f"lowrank{r}_q{b}_d{n}_n{w}_k{k}", b, n, r, k, "float32", ms, faiss_ms, matmul_ms,
+    # The FAISS peer: a full-width flat index searched with the same queries.
+    fns = self.peers_of(q, d, qt, dt, k) | {"scan": self.scan(qt, dt, k)}
+    ms = self.time_all(fns)
+    self.record(f"lowrank{r}_q{b}_d{n}_n{w}_k{k}", b, n, r, k, "float32", ms["scan"],
+                ms["faiss"], ms["matmul"],
                 f"exact.topk over rank-{r} tables (FAISS peer at width {w})")
 
   def few_queries(self, b, n, w, k):
     q, d = self.data(b, n, w)
     qj, dj = jnp.asarray(q), jnp.asarray(d)
-    faiss_ms, matmul_ms = self.faiss_ms(q, d, k), self.matmul_ms(qj, dj)
-    extra = {}
+    low, norm = certified.bf16_table(dj)
+    fns = self.peers_of(q, d, qj, dj, k)
     if "numpy" in self.peers:
       def numpy_topk():
         s = q @ d.T
         part = np.argpartition(-s, k - 1, axis=1)[:, :k]
         order = np.argsort(-np.take_along_axis(s, part, 1), axis=1, kind="stable")
         return np.take_along_axis(part, order, 1)
-      np_ms = timed(numpy_topk, self.args.repeats)
-      extra["numpy_ms"] = round(np_ms, 3)
-    ms = timed(self.scan(qj, dj, k), self.args.repeats)
-    if "numpy_ms" in extra:
-      extra["ratio_vs_numpy"] = round(extra["numpy_ms"] / ms, 3)
-    self.record(f"q{b}_d{n}_n{w}_k{k}", b, n, w, k, "float32", ms, faiss_ms, matmul_ms,
-                "exact.topk float32 scan", **extra)
-    low, norm = certified.bf16_table(dj)
-    ms = timed(lambda: certified.bf16_topk(qj, dj, k, doc_table_bf16=low, max_doc_norm=norm),
-               self.args.repeats)
-    self.record(f"bf16cand_q{b}_d{n}_n{w}_k{k}", b, n, w, k, "float32", ms, faiss_ms, matmul_ms,
-                "certified.bf16_topk (exact)", **extra)
+      fns["numpy"] = numpy_topk
+    fns["scan"] = self.scan(qj, dj, k)
+    fns["bf16cand"] = lambda: certified.bf16_topk(qj, dj, k, doc_table_bf16=low,
+                                                  max_doc_norm=norm)
+    ms = self.time_all(fns)
+    for name, method in (("scan", "exact.topk float32 scan"),
+                         ("bf16cand", "certified.bf16_topk (exact)")):
+      extra = {}
+      if ms["numpy"]:
+        extra = {"numpy_ms": round(ms["numpy"], 3),
+                 "ratio_vs_numpy": round(ms["numpy"] / ms[name], 3)}
+      self.record(("" if name == "scan" else "bf16cand_") + f"q{b}_d{n}_n{w}_k{k}", b, n, w, k,
+                  "float32", ms[name], ms["faiss"], ms["matmul"], method, **extra)
 
   def certified_case(self, b, n, w, k, r):
     q, d = self.data(b, n, w)
@@ -226,17 +234,18 @@ class Runner:
     index = certified.build_certified(W, d, r)
     qj, dj = jnp.asarray(q), jnp.asarray(d)
     qw = jnp.asarray(q) @ jnp.asarray(W)           # full-W query table: s = (q W) . d
-    full_ms = timed(self.scan(qw, dj, k), self.args.repeats)
     res = certified.certified_topk(index, qj, k)
     same = bool(np.array_equal(np.asarray(res.ids), np.asarray(exact.topk(qw, dj, k).ids)))
-    ms = timed(lambda: certified.certified_topk(index, qj, k), self.args.repeats)
-    faiss_ms = self.faiss_ms(np.asarray(qw), d, k)
-    matmul_ms = self.matmul_ms(qw, dj)
-    self.record(f"certified_r{r}_q{b}_d{n}_n{w}_k{k}", b, n, w, k, "float32", ms, faiss_ms,
-                matmul_ms, f"certified.certified_topk rank {r} ({source})",
+    fns = self.peers_of(np.asarray(qw), d, qw, dj, k) | {
+        "full_w_scan": self.scan(qw, dj, k),
+        "certified": lambda: certified.certified_topk(index, qj, k)}
+    ms = self.time_all(fns)
+    self.record(f"certified_r{r}_q{b}_d{n}_n{w}_k{k}", b, n, w, k, "float32", ms["certified"],
+                ms["faiss"], ms["matmul"], f"certified.certified_topk rank {r} ({source})",
                 fraction_rescored=round(float(np.mean(np.asarray(res.rescored))) / n, 6),
-                speedup_vs_full_w_scan=round(full_ms / ms, 3), full_w_scan_ms=round(full_ms, 3),
-                same_ids_as_full_w=same, sigma_next=index.sigma_next, bound=index.bound)
+                speedup_vs_full_w_scan=round(ms["full_w_scan"] / ms["certified"], 3),
+                full_w_scan_ms=round(ms["full_w_scan"], 3), same_ids_as_full_w=same,
+                sigma_next=index.sigma_next, bound=index.bound)
 
 
 def main(args) -> None:

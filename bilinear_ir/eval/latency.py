@@ -37,14 +37,28 @@ def hardware() -> str:
 
 def timed(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
   """Median latency in ms of `repeats` calls of `fn` (each blocked on) after `warmup` calls."""
-  for _ in range(warmup):
-    jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append((time.perf_counter() - t0) * 1e3)
-  return statistics.median(times)
+  return timed_interleaved({"fn": fn}, repeats, warmup)["fn"]
+
+
+def timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3
+                      ) -> dict[str, float]:
+  """Median latency in ms of each of `fns`, timed in `repeats` rounds of one call each.
+
+  Each function is warmed up `warmup` times first. The order within a round rotates, so a
+  machine whose speed drifts during the measurement (shared hosts, thermal limits) favours none
+  of the functions compared. Every call is blocked on.
+  """
+  names = list(fns)
+  for name in names:
+    for _ in range(warmup):
+      jax.block_until_ready(fns[name]())
+  times = {name: [] for name in names}
+  for r in range(repeats):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      t0 = time.perf_counter()
+      jax.block_until_ready(fns[name]())
+      times[name].append((time.perf_counter() - t0) * 1e3)
+  return {name: statistics.median(v) for name, v in times.items()}
 
 
 def late_case(module: nn.Module, params: Any, q, qm, d, dm, dtype
