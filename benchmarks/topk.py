@@ -20,9 +20,10 @@ Cases (names as in the JSON; sizes follow --queries/--docs/--dim/--k/--scale whe
                                    fraction of docs rescored.
 Data: standard normal embeddings from --seed (queries and docs), float32.
 Timing: `time.perf_counter` around the call + `block_until_ready`, one warm-up call, median of
---repeats rounds; in each round every method and peer of the case is called once, in an order
-that rotates between rounds (`latency.timed_interleaved`), so a drifting machine speed favours
-none; tables (doc tables, bf16 copies, FAISS index) are built before timing.
+--repeats rounds; in each round every method and peer of the case is called twice, the second
+call timed (its data warm in the caches, as in back-to-back calls), in an order that rotates
+between rounds (`latency.timed_interleaved`), so a drifting machine speed favours none; tables
+(doc tables, bf16 copies, FAISS index) are built before timing.
 ratio_vs_faiss = FAISS time / our time (> 1: faster than FAISS); ratio_vs_matmul = our time /
 bare jitted matmul `qt @ dt.T` time of the same shapes (the lower bound of a brute-force scan).
 """
@@ -134,9 +135,9 @@ class Runner:
     return fns
 
   def time_all(self, fns: dict) -> dict:
-    """Median ms of every call, timed interleaved (one warm-up call each); None for peers not
-    selected."""
-    ms = latency.timed_interleaved(fns, self.args.repeats, warmup=1)
+    """Median ms of every call, timed interleaved, each timed call after an untimed one; None for
+    peers not selected."""
+    ms = latency.timed_interleaved(fns, self.args.repeats, warmup=1, rewarm=1)
     return {name: ms.get(name) for name in ("faiss", "matmul", "numpy")} | ms
 
   def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, **extra):

@@ -40,13 +40,15 @@ def timed(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
   return timed_interleaved({"fn": fn}, repeats, warmup)["fn"]
 
 
-def timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3
-                      ) -> dict[str, float]:
-  """Median latency in ms of each of `fns`, timed in `repeats` rounds of one call each.
+def timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3,
+                      rewarm: int = 0) -> dict[str, float]:
+  """Median latency in ms of each of `fns`, timed in `repeats` rounds of one timed call each.
 
   Each function is warmed up `warmup` times first. The order within a round rotates, so a
   machine whose speed drifts during the measurement (shared hosts, thermal limits) favours none
-  of the functions compared. Every call is blocked on.
+  of the functions compared. `rewarm` untimed calls precede each timed call, so the timed one
+  finds its own data in the caches as in back-to-back calls, not evicted by the previous
+  function's. Every call is blocked on.
   """
   names = list(fns)
   for name in names:
@@ -55,6 +57,8 @@ def timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
   times = {name: [] for name in names}
   for r in range(repeats):
     for name in names[r % len(names):] + names[:r % len(names)]:
+      for _ in range(rewarm):
+        jax.block_until_ready(fns[name]())
       t0 = time.perf_counter()
       jax.block_until_ready(fns[name]())
       times[name].append((time.perf_counter() - t0) * 1e3)
