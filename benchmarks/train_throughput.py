@@ -28,11 +28,11 @@ agree when both train the same model on the same batches.
 Timing (wall clock, host batch sampling included on both sides, as in real training):
   * ours: one `trainer.fit` run of warmup + steps steps on all local devices, without
     checkpoints, logs or progress bar, `--steps-per-call` steps per jitted call (default: the
-    trainer's `train.steps_per_call`; 1 gives one call per step). Each `fit` call traces and
-    compiles its own step (a new closure), so a separate warm-up run cannot pre-compile a timed
-    one; instead the run's own first `warmup` steps are the warm-up: `train.eval_every = warmup`
-    and an `evaluate` hook that only reads the clock (returning a constant metric) marks the end
-    of step `warmup`, and the timed window runs from there to fit's return. fit reads the loss
+    trainer's `train.steps_per_call`; 1 gives one call per step). The first round's `fit`
+    compiles the step (later rounds reuse it); every round's own first `warmup` steps are the
+    warm-up, so all rounds are timed alike: `train.eval_every = warmup` and an `evaluate` hook
+    that only reads the clock (returning a constant metric) marks the end of step `warmup`, and
+    the timed window runs from there to fit's return. fit reads the loss
     on the host (a sync) before each evaluation and at the end, so both ends of the window are
     synchronised; the default warmup, 50, is also the trainer's default `eval_every`, the
     cadence of those syncs in any run. `first s` is the rest of the first round's run: set-up
@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> None:
   if unknown:
     sys.exit(f"unknown case(s) {unknown}; known: {sorted(CASES)}")
   dims = [int(d) for d in args.dims.split(",")]
-  if min(args.steps, args.warmup, args.rounds, args.steps_per_call or 1) < 1:
+  if min(args.steps, args.warmup, args.rounds,
+         1 if args.steps_per_call is None else args.steps_per_call) < 1:
     sys.exit("--steps, --warmup, --rounds and --steps-per-call must be >= 1")
   if not 1 <= args.batch <= args.queries or args.batch % jax.device_count():
     sys.exit(f"--batch must be <= --queries and a multiple of the {jax.device_count()} devices")

@@ -1,9 +1,8 @@
 """The allocator setting: applied once, reported, and a no-op where there is no glibc mallopt."""
 import ctypes.util
+import platform
 import subprocess
 import sys
-
-import pytest
 
 from bilinear_ir import allocator
 
@@ -13,15 +12,19 @@ def _run(code: str) -> str:
                         text=True).stdout.strip()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt is Linux-only")
 def test_keep_freed_memory_sets_glibc_thresholds_once():
+  """Applied (and reported) under glibc; elsewhere the documented no-op."""
   out = _run("from bilinear_ir import allocator as a; "
              "print(a.describe(), '|', a.keep_freed_memory(), a.keep_freed_memory(), '|', "
              "a.describe())")
   before, applied, after = (part.strip() for part in out.split("|"))
   assert before == "default allocator"
-  assert applied == "True True"
-  assert after == "freed memory kept (glibc mallopt)"
+  if platform.libc_ver()[0] == "glibc":
+    assert applied == "True True"
+    assert after == "freed memory kept (glibc mallopt)"
+  else:
+    assert applied == "False False"
+    assert after == "default allocator"
 
 
 def test_without_mallopt_nothing_changes(monkeypatch):

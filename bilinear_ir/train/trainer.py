@@ -276,10 +276,10 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
       the distillation losses ("kl", "margin_mse") and only by them. It is held on device (as the
       features are) and the step reads `teacher[q_rows[:, None], cand_rows[None, :]]`. A dense
       matrix is fine for SciFact-size collections (809 x 5,183 floats = 17 MB); at MS MARCO
-      scale (500k x 8.8M) it is not: there, store the teacher's scores of the candidates the sampler can draw (e.g.
-      [Q, H] for the hard-negative pool plus the positives, as the T2 teacher's released triple
-      scores are) and turn in-batch and random negatives off, or score with the teacher inside
-      the step.
+      scale (500k x 8.8M) it is not: there, store the teacher's scores of the candidates the
+      sampler can draw (e.g. [Q, H] for the hard-negative pool plus the positives, as the T2
+      teacher's released triple scores are) and turn in-batch and random negatives off, or score
+      with the teacher inside the step.
   """
   require(cfg.loss in LOSSES, f"must be one of {LOSSES}, got {cfg.loss!r}", field="train.loss")
   require(cfg.temperature > 0, f"must be > 0, got {cfg.temperature}", field="train.temperature")
@@ -400,10 +400,12 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
 
 def _call_end(step: int, total: int, per_call: int, eval_every: int,
               checkpoint_every: int | None, stop_after: int | None) -> int:
-  """Where the call starting at `step` stops: the next multiple of `per_call`, or earlier at the
-  next evaluation, checkpoint, `stop_after` or the last step (`total`)."""
+  """Where the call starting at `step` stops: `per_call` steps later, or earlier at the next
+  evaluation, checkpoint, `stop_after` or the last step (`total`). Counting from the call's
+  start (not from multiples of `per_call`) keeps the call lengths, each a compiled shape, few:
+  per_call and the remainders before events."""
   nxt = lambda every: (step // every + 1) * every
-  ends = [total, nxt(per_call), nxt(max(1, eval_every))]
+  ends = [total, step + per_call, nxt(max(1, eval_every))]
   if checkpoint_every:
     ends.append(nxt(checkpoint_every))
   if stop_after is not None and stop_after > step:
