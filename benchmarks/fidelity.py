@@ -36,7 +36,7 @@ import scipy.sparse as sp
 from bilinear_ir import allocator, files
 from bilinear_ir.fidelity import experiments
 from bilinear_ir.fidelity import projections
-from bilinear_ir.eval import latency
+from bilinear_ir.retrieval import latency
 
 PAPER_K_GRID = (32, 64, 128) + tuple(256 * j for j in range(1, 38))
 

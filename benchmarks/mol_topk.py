@@ -35,7 +35,7 @@ import numpy as np
 from bilinear_ir import allocator, files, scorers
 from bilinear_ir.retrieval import mol_topk
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
-from bilinear_ir.eval import latency
+from bilinear_ir.retrieval import latency
 
 HR_AT = (1, 10, 50, 100)
 

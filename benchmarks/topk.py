@@ -66,12 +66,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bilinear_ir import allocator, files, scorers  # noqa: E402
-from bilinear_ir.eval import latency  # noqa: E402
+from bilinear_ir.retrieval import latency  # noqa: E402
 from bilinear_ir.retrieval import certified, exact, sharded  # noqa: E402
 
 
 def hardware() -> str:
-  """One line: the machine (eval.latency.hardware) and faiss's version and threads."""
+  """One line: the machine (retrieval.latency.hardware) and faiss's version and threads."""
   line = latency.hardware()
   try:
     import faiss  # pylint: disable=g-import-not-at-top

@@ -61,13 +61,14 @@ import optax
 from bilinear_ir import allocator, files, scorers
 from bilinear_ir.data.batches import BatchSampler, TrainSet
 from bilinear_ir.train import trainer
-from bilinear_ir.eval import latency
+from bilinear_ir.retrieval import latency
+from bilinear_ir import defaults
 
 CASES = {"bilinear": {}, "lowrank": {"rank": 32, "residual": "none"}}
 
 
 def hardware(torch_version: str) -> str:
-  """The machine (eval.latency.hardware), torch version and threads."""
+  """The machine (retrieval.latency.hardware), torch version and threads."""
   return f"{latency.hardware()}; torch {torch_version} ({os.cpu_count()} threads)"
 
 
@@ -84,7 +85,7 @@ def corpus(n: int, num_docs: int, num_queries: int, seed: int
 def train_cfg(batch: int, steps: int, per_call: int | None = None) -> ml_collections.ConfigDict:
   """The trainer's defaults with the benchmark's batch: softmax, in-batch + 1 random negative,
   and a fixed temperature (0.05) that the PyTorch loop applies the same way."""
-  cfg = trainer.train_config()
+  cfg = defaults.train_config()
   cfg.batch_size, cfg.steps = batch, steps
   if per_call is not None:
     cfg.steps_per_call = per_call

@@ -3,10 +3,8 @@
 XLA:CPU allocates each execution's temporary buffers afresh and frees them when it returns.
 glibc serves an allocation above its mmap threshold (adaptive, at most 32 MiB by default) with
 fresh pages from the kernel and returns them at `free`, so every call of a program with large
-temporaries page-faults them in again. The chunked exact top-k over 200,000 docs with rank-32
-tables (score blocks of [1,000, 8,192] floats) spends ~10-25 of its ~125 ms doing that on a
-2-core CPU (benchmarks/topk.py, lowrank32 case, two runs each: 129 / 126 ms without,
-110 / 121 ms with `keep_freed_memory`).
+temporaries page-faults them in again (the chunked exact top-k, whose score blocks are
+[1,000, 8,192] floats, spends a noticeable share of each call doing that on a 2-core CPU).
 
 `keep_freed_memory()` raises glibc's mmap and trim thresholds to 1 GiB, so buffers below that
 come from the heap and stay resident between calls. The project's binary (`bilinear_ir.main`)

@@ -14,6 +14,7 @@ import tempfile
 import zipfile
 from typing import Any, Iterator
 
+import jax
 import numpy as np
 
 from bilinear_ir.errors import input_error
@@ -38,6 +39,27 @@ def atomic_path(path: str) -> Iterator[str]:
     with contextlib.suppress(FileNotFoundError):
       os.remove(tmp)
     raise
+
+
+def check_writable_dir(path: str, field: str = "workdir") -> None:
+  """Raises `InputError` unless `path` is, or can be created as, a folder this process can write.
+
+  Nothing is left behind: the nearest existing folder on the path gets a probe file that is
+  removed at once, and no folder is created.
+  """
+  path = os.path.abspath(path)
+  probe = path
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    raise input_error(f"{probe} is not a folder, so {path} cannot be created", file=field)
+  try:
+    fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=probe)
+    os.close(fd)
+    os.remove(tmp)
+  except OSError as e:
+    what = "written" if probe == path else f"created (cannot write in {probe})"
+    raise input_error(f"{path} cannot be {what}: {e.strerror or e}", file=field) from None
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
@@ -103,12 +125,12 @@ def sha256_texts(texts: list[str]) -> str:
   return h.hexdigest()
 
 
-def params_sha256(params: Any) -> str:
-  """SHA-256 of a params pytree: every leaf's path, dtype, shape and bytes (C order), in sorted
-  path order; `{}` hashes too. (The byte format keys the embedding caches: do not change it.)"""
-  import jax  # pylint: disable=g-import-not-at-top
+def tree_sha256(tree: Any) -> str:
+  """SHA-256 of a pytree of arrays (params, embeddings, encoder weights): every leaf's path,
+  dtype, shape and bytes (C order), in sorted path order; `{}` hashes too. (The byte format keys
+  the embedding caches and doc indexes: do not change it.)"""
   h = hashlib.sha256()
-  leaves = jax.tree_util.tree_leaves_with_path(params)
+  leaves = jax.tree_util.tree_leaves_with_path(tree)
   for path, leaf in sorted(leaves, key=lambda pl: jax.tree_util.keystr(pl[0])):
     a = np.ascontiguousarray(np.asarray(leaf))
     h.update(f"{jax.tree_util.keystr(path)}|{a.dtype.str}|{a.shape}".encode())

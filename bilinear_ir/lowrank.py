@@ -2,11 +2,12 @@
 
 SVD truncation into factors, the spectrum, Theorem 3's pointwise bound
 `|q^T W d - q^T W_r d| <= sigma_{r+1} |q| |d|`, its tightness witness (`q = u_{r+1}`,
-`d = v_{r+1}`), and rank selection from the spectrum.
+`d = v_{r+1}`), the bound checked pointwise on real (query, doc) pairs (`check_theorem3`), and
+rank selection from the spectrum.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -145,3 +146,82 @@ def pca_factors(x: np.ndarray | jnp.ndarray, rank: int) -> tuple[jnp.ndarray, jn
   _, vecs = jnp.linalg.eigh(x.T @ x / x.shape[0])  # ascending eigenvalues
   top = vecs[:, ::-1][:, :rank]
   return top, top
+
+
+# ---------------------------------------------------------------------------------------------
+# Theorem 3 checked pointwise on real (query, doc) pairs.
+
+
+def pointwise_pairs(top_idx: np.ndarray, num_docs: int, random_docs: int,
+                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The (query, doc) pairs of the Theorem 3 checks.
+
+  Args:
+    top_idx: [Q, k] each query's top docs (doc rows) under the full W.
+    num_docs: N.
+    random_docs: docs per query drawn uniformly, without replacement, from the docs outside its
+      top k (fewer if fewer are left).
+    rng: host-side generator (from the seed).
+
+  Returns:
+    (query positions [M] in 0..Q-1, doc rows [M], is_top [M] bool), M = Q (k + random_docs).
+  """
+  q_pos, d_rows, is_top = [], [], []
+  for i, top in enumerate(np.asarray(top_idx)):
+    rest = np.setdiff1d(np.arange(num_docs), top)
+    rand = rng.choice(rest, size=min(random_docs, rest.size), replace=False)
+    q_pos += [i] * (top.size + rand.size)
+    d_rows += list(top) + list(rand)
+    is_top += [True] * top.size + [False] * rand.size
+  return (np.asarray(q_pos, np.int64), np.asarray(d_rows, np.int64), np.asarray(is_top, bool))
+
+
+def score_gap(W: np.ndarray, P: np.ndarray, Q: np.ndarray, q: np.ndarray, d: np.ndarray
+              ) -> np.ndarray:
+  """`|q^T W d - (q P) . (d Q)|` in float64 for paired q [M, n], d [M, n]; W [n, n], P, Q [n, r].
+
+  The exact gap between the scores of the stored float32 models (full and low-rank scorer);
+  float64 keeps the arithmetic's own rounding out of the check.
+  """
+  q, d = np.asarray(q, np.float64), np.asarray(d, np.float64)
+  full = np.einsum("bi,bi->b", q @ np.asarray(W, np.float64), d)
+  low = np.einsum("br,br->b", q @ np.asarray(P, np.float64), d @ np.asarray(Q, np.float64))
+  return np.abs(full - low)
+
+
+def check_theorem3(W: np.ndarray, S: np.ndarray, factors: dict[str, Any], rank: int,
+                   q: np.ndarray, d: np.ndarray, is_top: np.ndarray, tolerance: float
+                   ) -> dict[str, float]:
+  """Theorem 3 on paired q [M, n], d [M, n] for W_r = P Q^T (`factors` {"P", "Q"} [n, r]).
+
+  A check passes when `err <= sigma_{r+1} |q| |d| + tolerance * sigma_1 |q| |d|` (the slack
+  covers the float32 SVD factors). The ratio err / bound is taken where the bound is > 0.
+
+  Returns:
+    Sums over the M checks: {"checks", "violations", "ratio_sum", "ratio_count", "ratio_max",
+    "ratio_sum_top", "ratio_count_top", "max_excess"} (`max_excess`: the largest
+    (err - bound) / (sigma_1 |q| |d|)).
+  """
+  scale = np.linalg.norm(np.asarray(q, np.float64), axis=1) * np.linalg.norm(
+      np.asarray(d, np.float64), axis=1)
+  err = score_gap(W, factors["P"], factors["Q"], q, d)
+  bound = float(sigma_next(jnp.asarray(S), rank)) * scale
+  ok = err <= bound + tolerance * float(S[0]) * scale
+  pos = bound > 0
+  ratio = err[pos] / bound[pos]
+  return {"checks": int(err.size), "violations": int(np.sum(~ok)),
+          "ratio_sum": float(np.sum(ratio)), "ratio_count": int(ratio.size),
+          "ratio_max": float(np.max(ratio)) if ratio.size else 0.0,
+          "ratio_sum_top": float(np.sum(ratio[is_top[pos]])),
+          "ratio_count_top": int(np.sum(is_top[pos])),
+          "max_excess": float(np.max((err - bound) / (float(S[0]) * scale)))}
+
+
+def witness_ratio(W: np.ndarray, decomposition: SVD, factors: dict[str, Any],
+                  rank: int) -> float | None:
+  """err / bound at Theorem 3's tightness witness (u_{r+1}, v_{r+1}); None for r = n."""
+  if rank >= W.shape[0]:
+    return None
+  wq, wd = tightness_witness(decomposition, rank)
+  err = score_gap(W, factors["P"], factors["Q"], np.asarray(wq)[None], np.asarray(wd)[None])[0]
+  return float(err / float(decomposition.S[rank]))

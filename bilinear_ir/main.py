@@ -1,41 +1,32 @@
 r"""The one entry point: `python -m bilinear_ir.main --config=configs/NAME.py[:ARGS] --workdir=DIR`.
 
-`config.job` names what runs; every knob can be overridden with `--config.x=y`. Outputs
-(`config.json`, `results.json`, `results.md`, PNG plots) are written to `--workdir` only when the
-job finished. Bad input or a bad config value exits with code 2 and one line on stderr.
+`config.job` names the job (`bilinear_ir/jobs/<job>.py`); every knob can be overridden with
+`--config.x=y`. The job's config is validated and the workdir checked before any work starts;
+outputs (`config.json`, `results.json`, `results.md`, PNG plots) are written to `--workdir` only
+when the job finished. Bad input (a config file that does not load, a bad value, a workdir that
+cannot be written, a malformed data file) exits with code 2 and one line on stderr.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 from ml_collections import config_flags
 
 from bilinear_ir import allocator
+from bilinear_ir import files
+from bilinear_ir import jobs
 from bilinear_ir.errors import InputError
+from bilinear_ir.jobs import report as report_lib
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. configs/x.py:arg.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for outputs (results, checkpoints, caches).")
-
-# config.job -> "module:function". Each function takes (config, workdir) and returns an
-# `eval.report.Report`.
-JOBS = {
-    "synthetic_agreement": "bilinear_ir.synthetic.agreement:run",
-    "collection_stats": "bilinear_ir.data.loaders:stats_job",
-    "train_eval": "bilinear_ir.train.trainer:run",
-    "reproduce_table": "bilinear_ir.eval.table:run",
-    "lowrank_analysis": "bilinear_ir.eval.lowrank_analysis:run",
-    "retrieve": "bilinear_ir.retrieval.job:run",
-    "mol": "bilinear_ir.eval.mol_table:run",
-    "late_interaction": "bilinear_ir.eval.late_interaction:run",
-    "fidelity_bm25": "bilinear_ir.fidelity.experiments:run",
-}
 
 
 def fail(message: str) -> None:
@@ -44,23 +35,14 @@ def fail(message: str) -> None:
   sys.exit(2)
 
 
-def job_function(name: str):
-  """Resolves `config.job` to its function."""
-  if name not in JOBS:
-    raise InputError(f"config: field 'job': unknown job {name!r}; known: {', '.join(sorted(JOBS))}")
-  module, function = JOBS[name].split(":")
-  return getattr(importlib.import_module(module), function)
-
-
 def run(config, workdir: str):
-  """Runs `config.job` and writes its report into `workdir` (process 0 only)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.eval import report as report_lib  # pylint: disable=g-import-not-at-top
-
+  """Validates `config`, runs `config.job` and writes its report into `workdir` (process 0)."""
   if config.get("distributed", False):
     jax.distributed.initialize()
-  job = job_function(config.job)
-  report = job(config, workdir)
+  job = jobs.get(config.get("job", ""))
+  job.validate(config)
+  files.check_writable_dir(workdir, field="--workdir")
+  report = job.run(config, workdir)
   if jax.process_index() == 0:
     report_lib.write(workdir, report_lib.config_to_json(config), report)
     print(report.markdown)
@@ -80,13 +62,60 @@ def main(argv):
     fail(str(e))
 
 
+def _config_path(argv) -> str | None:
+  """The file part of `--config=PATH[:ARGS]` (or `--config PATH`) in `argv`, if any."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg[len("--config="):].split(":", 1)[0]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1].split(":", 1)[0]
+  return None
+
+
+def _reason(error: BaseException) -> str:
+  """What went wrong, without traceback text.
+
+  config_flags re-raises an error of a config's `get_config` as the same type with the formatted
+  traceback as its message, and absl wraps that once more: the innermost `InputError` of the
+  chain is the project's own message; otherwise absl's message (which names the flag) or, when
+  that holds a traceback, the innermost exception.
+  """
+  chain, seen = [], set()
+  e = error
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  inputs = [e for e in chain if isinstance(e, InputError) and "Traceback" not in str(e)]
+  if inputs:
+    return str(inputs[-1])
+  if isinstance(error, flags.Error) and "Traceback" not in str(error):
+    return str(error)
+
+  def text(e: BaseException) -> str:  # a KeyError's message is its (possibly nested) argument
+    t = e.args[0] if isinstance(e, (KeyError, AttributeError)) and e.args else e
+    while isinstance(t, KeyError) and t.args:
+      t = t.args[0]
+    return str(t)
+
+  texts = [text(e) for e in chain if "Traceback" not in text(e)]
+  return max(texts, key=len) if texts else type(chain[-1]).__name__
+
+
 def parse_flags(argv):
-  """absl flag parsing whose errors (bad override, missing config file) exit 2 in one line."""
+  """absl flag parsing whose errors (a config file that is missing or does not load, a bad
+  override) exit 2 with one line on stderr."""
+  path = _config_path(argv)
+  if path is not None and not os.path.isfile(path):
+    fail(f"--config: no such config file {path!r}")
   try:
-    return FLAGS(argv)
-  except (flags.Error, InputError, FileNotFoundError, AttributeError, KeyError, ValueError,
-          TypeError) as e:
-    fail(f"config: {e}")
+    parsed = FLAGS(argv)
+    if FLAGS.config is not None:
+      FLAGS.config.get("job")  # a config that failed to load raises here, not at parse time
+  except Exception as e:  # pylint: disable=broad-except  # every way a config can fail to load
+    reason = _reason(e)
+    fail(reason if reason.startswith("config: ") else f"--config: {reason}")
+  return parsed
 
 
 if __name__ == "__main__":

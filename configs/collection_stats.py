@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import ml_collections
 
-from bilinear_ir import config_args
-from bilinear_ir.data.config import data_config
+from bilinear_ir import defaults
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: `format=FORMAT,path=PATH` (defaults: the embedded SciFact)."""
-  args = config_args.parse(arg, {"format": "scifact", "path": ""})
+  args = defaults.parse_args(arg, {"format": "scifact", "path": ""})
   c = ml_collections.ConfigDict()
   c.job = "collection_stats"  # bilinear_ir.data.loaders:stats_job
   c.seed = 0  # unused by this job; every config carries one
   # Which collection: format "scifact" | "beir" | "msmarco" | "trec"; path "" = embedded SciFact.
-  c.data = data_config()
+  c.data = defaults.data_config()
   c.data.format = args["format"]
   c.data.path = args["path"]
   return c

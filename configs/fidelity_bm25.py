@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from bilinear_ir import config_args
-from bilinear_ir.data.config import data_config
+from bilinear_ir import defaults
 
 # The paper's grid: 40 values from 32 to 9472 (32, 64, 128, then multiples of 256).
 PAPER_K_GRID = (32, 64, 128) + tuple(256 * j for j in range(1, 38))
@@ -23,12 +22,12 @@ PAPER_K_GRID = (32, 64, 128) + tuple(256 * j for j in range(1, 38))
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The fidelity job's config (see the module docstring for arguments)."""
-  args = config_args.parse(arg, {"tiny": False, "seed": 0, "trials": 20, "kind": "rademacher"})
+  args = defaults.parse_args(arg, {"tiny": False, "seed": 0, "trials": 20, "kind": "rademacher"})
   c = ml_collections.ConfigDict()
   c.job = "fidelity_bm25"
   c.seed = args["seed"]  # triple/query sampling (numpy) and projections (jax.random) derive from it
   c.distributed = False  # True: main calls jax.distributed.initialize() (multi-host launch)
-  c.data = data_config()  # the collection; the claims (queries) of data.split are the queries
+  c.data = defaults.data_config()  # the collection; the claims (queries) of data.split are the queries
 
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.kind = "wordpiece"  # paper: case-insensitive wordpieces; or "bm25s", "regex"

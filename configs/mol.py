@@ -16,19 +16,19 @@ can also be set with `--config.FIELD=VALUE`.
 """
 from ml_collections import ConfigDict
 
-from bilinear_ir import config_args
+from bilinear_ir import defaults
 
 
 def get_config(arg=None):
-  a = config_args.parse(arg, {"seeds": (0, 1, 2), "components": (4,),
+  a = defaults.parse_args(arg, {"seeds": (0, 1, 2), "components": (4,),
                               "mi_weights": (0.001, 0.0), "embeddings": ("mean", "cls"),
                               "d_p": 64, "baselines": ("wdp", "bilinear"), "quick": False})
-  t = config_args.sibling_config(__file__, "reproduce_table")
+  t = defaults.table_recipe(ConfigDict())  # the bilinear table's recipe
   c = ConfigDict()
   c.job = "mol"
   c.seed = 0                      # splits (dev carve-out); each model also runs every seed
   c.seeds = a["seeds"] if not a["quick"] else (0,)
-  c.embeddings = a["embeddings"] if not a["quick"] else ("mean",)  # eval.table.EMBEDDINGS
+  c.embeddings = a["embeddings"] if not a["quick"] else ("mean",)  # defaults.EMBEDDINGS
   c.baselines = tuple(b for b in a["baselines"] if b != "none")  # trained comparison rows
   c.components = a["components"] if not a["quick"] else (4,)     # P_q = P_x values
   c.mi_weights = a["mi_weights"]  # alpha of L_MI per MoL row (paper: 0.001; 0 = none)
@@ -41,8 +41,8 @@ def get_config(arg=None):
   c.model.d_p = a["d_p"]          # component width d_P
   c.model.hidden = 256            # hidden width of each side's component MLP (384 -> 256 -> P*d_P)
   # Hidden width of the gating MLP (P logits -> gate_hidden -> P). It runs on every (query,
-  # candidate) pair of a batch (128 x 384 here) and dominates a step's cost: 32 instead of the
-  # scorer's default 128 cut a P = 16 training step from ~0.24 s to ~0.13 s (shared 2-core CPU).
+  # candidate) pair of a batch (128 x 384 here) and dominates a step's cost, so it is smaller
+  # than the scorer's default 128.
   c.model.gate_hidden = 32
   # Logits are plain cosines in [-1, 1] (the softmax temperature is in `mol_train`). Dividing
   # them by 0.05 before the gate, as the reference MoL does, made the gates specialise (H(p|q,x)

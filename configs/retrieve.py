@@ -18,29 +18,27 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-from bilinear_ir import config_args
-from bilinear_ir.data import config as data_config
-from bilinear_ir.retrieval import job
+from bilinear_ir import defaults
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: `model_dir=DIR,k=K,dtype=DTYPE,sharded=BOOL`."""
-  a = config_args.parse(arg, {"model_dir": "", "k": 1000, "dtype": "float32",
+  a = defaults.parse_args(arg, {"model_dir": "", "k": 1000, "dtype": "float32",
                               "sharded": False})
   c = ml_collections.ConfigDict()
-  c.job = "retrieve"             # bilinear_ir.retrieval.job:run
+  c.job = "retrieve"             # bilinear_ir/jobs/retrieve.py
   c.seed = 0                     # unused (retrieval is deterministic); every config carries one
   # A model folder written by train_eval (WORKDIR/model); "" = the parameter-free dot product.
   c.model_dir = a["model_dir"]
   # Which collection, and `split`: whose queries are ranked (and evaluated, when it has qrels);
   # "" = every query of the collection (run only, no metrics).
-  c.data = data_config.data_config()
-  # The frozen encoder. model, pooling, normalize, max_length (job.ENCODER_FIELDS) default to
+  c.data = defaults.data_config()
+  # The frozen encoder. model, pooling, normalize, max_length (defaults.ENCODER_FIELDS) default to
   # None = the saved model's values (the embeddings it was trained on; without a model, the
   # encoder_config() defaults); a value set here that differs from the model's is an error.
   # batch_size and cache_dir do not change the numbers and are taken from here.
-  c.encoder = data_config.encoder_config()
-  for field in job.ENCODER_FIELDS:
+  c.encoder = defaults.encoder_config()
+  for field in defaults.ENCODER_FIELDS:
     c.encoder[field] = config_dict.placeholder(type(c.encoder[field]))
   c.index_dir = ""               # the doc-table index; "" = WORKDIR/index
   c.rebuild = True               # an index built otherwise: True rebuilds it, False is an error

@@ -10,28 +10,25 @@ seed. Every field below can also be set with `--config.FIELD=VALUE`, e.g.
 """
 from ml_collections import ConfigDict
 
-from bilinear_ir import config_args
-from bilinear_ir.data import config as data_config
-from bilinear_ir.data import pipeline
-from bilinear_ir.train import trainer
+from bilinear_ir import defaults
 
 
 def get_config(arg=None):
-  a = config_args.parse(arg, {"scorer": "bilinear", "rank": 32, "residual": "none",
+  a = defaults.parse_args(arg, {"scorer": "bilinear", "rank": 32, "residual": "none",
                               "pooling": "mean", "seed": 0})
   c = ConfigDict()
   c.job = "train_eval"
   c.seed = a["seed"]              # every random choice (init, splits, batches) flows from it
-  c.data = data_config.data_config()        # which collection, splits, folds
-  c.encoder = data_config.encoder_config()  # the frozen encoder and its cache
+  c.data = defaults.data_config()        # which collection, splits, folds
+  c.encoder = defaults.encoder_config()  # the frozen encoder and its cache
   c.encoder.pooling = a["pooling"]
   c.encoder.normalize = a["pooling"] == "mean"
-  c.bm25 = pipeline.bm25_config()           # BM25 negatives and re-ranking candidates
-  c.model = trainer.model_config()          # the scorer
+  c.bm25 = defaults.bm25_config()           # BM25 negatives and re-ranking candidates
+  c.model = defaults.model_config()          # the scorer
   c.model.scorer = a["scorer"]
   c.model.rank = a["rank"]
   c.model.residual = a["residual"]
-  c.train = trainer.train_config()          # loss, negatives, optimiser, selection, checkpoints
-  c.eval = trainer.eval_config()            # full or re-rank, depth, measures
+  c.train = defaults.train_config()          # loss, negatives, optimiser, selection, checkpoints
+  c.eval = defaults.eval_config()            # full or re-rank, depth, measures
   c.distributed = False                     # True: jax.distributed.initialize() (multi-host)
   return c

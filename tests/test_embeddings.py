@@ -17,7 +17,7 @@ import transformers
 from bilinear_ir import files
 from bilinear_ir.data import embeddings
 from bilinear_ir.data.collection import Collection
-from bilinear_ir.data.config import encoder_config
+from bilinear_ir.defaults import encoder_config
 from bilinear_ir.errors import InputError
 
 WORDS = (

@@ -12,8 +12,8 @@ import pytest
 
 from bilinear_ir.data.collection import Collection
 from bilinear_ir.errors import InputError
-from bilinear_ir.fidelity import experiments
-from bilinear_ir.fidelity import sparse
+from bilinear_ir.jobs import fidelity_bm25
+from bilinear_ir.data import sparse
 from bilinear_ir.fidelity import theory
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
@@ -81,7 +81,7 @@ def _brute_min_margin(model: sparse.SparseModel, queries: list[str]) -> float:
 def test_job_on_a_collection():
   col = _collection()
   config = _config()
-  res = experiments.run_on(config, col).results
+  res = fidelity_bm25.run_on(config, col).results
   grid = list(config.k_grid)
   queries = [col.queries[q] for q in sorted(col.queries)]
   tok = sparse.Tokenizer()
@@ -116,15 +116,15 @@ def test_job_on_a_collection():
       first = [g for g, r in zip(grid, recall) if r >= config.fig3.recall_target]
       assert k == (first[0] if first else None)
   # Deterministic in the seed.
-  again = experiments.run_on(config, col).results
+  again = fidelity_bm25.run_on(config, col).results
   assert json.dumps(again, sort_keys=True) == json.dumps(res, sort_keys=True)
 
 
 def test_bad_config_values_raise():
   with pytest.raises(InputError, match="k_grid"):
-    experiments.validate(_config(k_grid=(8, 4)))
+    fidelity_bm25.validate(_config(k_grid=(8, 4)))
   with pytest.raises(InputError, match="beta"):
-    experiments.validate(_config(beta=1.5))
+    fidelity_bm25.validate(_config(beta=1.5))
 
 
 def _write_beir(folder: str) -> None:

@@ -17,7 +17,7 @@ import scipy.stats
 
 from bilinear_ir.fidelity import experiments
 from bilinear_ir.fidelity import projections
-from bilinear_ir.fidelity import sparse
+from bilinear_ir.data import sparse
 from bilinear_ir.fidelity import theory
 
 BETA = 0.05

@@ -12,8 +12,10 @@ import pytest
 from bilinear_ir import scorers
 from bilinear_ir.data.batches import TrainSet
 from bilinear_ir.errors import InputError
-from bilinear_ir.eval import late_interaction as job
+from bilinear_ir.jobs import late_interaction as job
+from bilinear_ir.retrieval import candidates
 from bilinear_ir.train import trainer
+from bilinear_ir import defaults
 from conftest import REPO, write_beir
 
 
@@ -26,7 +28,7 @@ def test_candidates_are_bm25_top_plus_distinct_random_docs():
   n_docs, depth, extra = 300, 20, 30
   bm25 = np.stack([rng.permutation(n_docs)[:50] for _ in range(12)])
   rows = np.array([3, 7, 0, 11])
-  c = job.rerank_candidates(bm25, rows, n_docs, depth, extra, seed=5)
+  c = candidates.rerank_candidates(bm25, rows, n_docs, depth, extra, seed=5)
   assert c.shape == (4, depth + extra)
   for i, r in enumerate(rows):
     np.testing.assert_array_equal(c[i, :depth], bm25[r, :depth])  # BM25 order kept
@@ -34,9 +36,9 @@ def test_candidates_are_bm25_top_plus_distinct_random_docs():
     assert len(set(drawn)) == extra and not set(drawn) & set(bm25[r, :depth])
     assert np.all(np.diff(drawn) > 0) and drawn.min() >= 0 and drawn.max() < n_docs
   # A query's candidates do not depend on the other queries asked for; the seed changes them.
-  np.testing.assert_array_equal(job.rerank_candidates(bm25, rows[1:2], n_docs, depth, extra, 5),
+  np.testing.assert_array_equal(candidates.rerank_candidates(bm25, rows[1:2], n_docs, depth, extra, 5),
                                 c[1:2])
-  assert not np.array_equal(job.rerank_candidates(bm25, rows, n_docs, depth, extra, 6)[:, depth:],
+  assert not np.array_equal(candidates.rerank_candidates(bm25, rows, n_docs, depth, extra, 6)[:, depth:],
                             c[:, depth:])
   # The random part is uniform over the docs outside the BM25 list (numpy twin of the draw).
   rest = np.setdiff1d(np.arange(n_docs), bm25[7, :depth])
@@ -46,18 +48,18 @@ def test_candidates_are_bm25_top_plus_distinct_random_docs():
 
 def test_small_corpus_pads_and_positives_are_not_injected():
   bm25 = np.array([[4, 2, 0, 1, 3, 5]])
-  c = job.rerank_candidates(bm25, np.array([0]), num_docs=6, bm25_depth=2, random_docs=10,
+  c = candidates.rerank_candidates(bm25, np.array([0]), num_docs=6, bm25_depth=2, random_docs=10,
                             seed=0)
   np.testing.assert_array_equal(c[0, :2], [4, 2])
   assert sorted(c[0, 2:6]) == [0, 1, 3, 5] and np.all(c[0, 6:] == -1)
   # A judged doc outside the BM25 top-n is a candidate only if the random draw hits it.
   bm25 = np.tile(np.arange(100), (1, 1))
-  c = job.rerank_candidates(bm25, np.array([0]), num_docs=1000, bm25_depth=10, random_docs=5,
+  c = candidates.rerank_candidates(bm25, np.array([0]), num_docs=1000, bm25_depth=10, random_docs=5,
                             seed=1)
   doc_ids = [f"d{i}" for i in range(1000)]
   missing = next(d for d in range(10, 1000) if d not in c[0])
   qrels = {"q": {"d3": 1, f"d{missing}": 1, "d7": 0}}
-  assert job.candidate_recall(c, ["q"], doc_ids, qrels) == pytest.approx(0.5)
+  assert candidates.candidate_recall(c, ["q"], doc_ids, qrels) == pytest.approx(0.5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +131,7 @@ def test_distillation_pulls_the_student_toward_the_teacher():
   acc = lambda p: float(np.mean(np.asarray(module.apply(
       {"params": p}, qs[250:], docs, method=module.score_all)).argmax(1) == best[250:]))
   ts = TrainSet(np.stack([np.arange(250), best[:250]], 1), 250, n_docs)
-  cfg = trainer.train_config()
+  cfg = defaults.train_config()
   cfg.loss, cfg.steps, cfg.batch_size, cfg.lr = "margin_mse", 300, 32, 3e-2
   cfg.hard_negatives, cfg.random_negatives, cfg.teacher_temperature = 0, 4, float(teacher.std())
   res = trainer.fit(module, params, qs[:250], docs, ts, cfg, seed=0, progress=False,
@@ -143,7 +145,7 @@ def test_fit_refuses_missing_or_misshaped_teachers():
   ts = TrainSet(np.array([[0, 1], [1, 2], [2, 3], [3, 4]]), 4, 6)
   module = scorers.build("wdp", dim=3)
   params = scorers.init_params(module, jax.random.key(0))
-  cfg = trainer.train_config()
+  cfg = defaults.train_config()
   cfg.steps, cfg.hard_negatives = 1, 0
   for loss, teacher in (("kl", None), ("margin_mse", np.zeros((4, 5))),
                         ("softmax", np.zeros((4, 6)))):
@@ -176,8 +178,8 @@ def test_bad_config_is_an_input_error_before_any_data_is_read(field, value):
     node = node[p]
   node[last] = value
   with pytest.raises(InputError):
-    job._check(config)  # pylint: disable=protected-access
-  job._check(_config())  # pylint: disable=protected-access
+    job.validate(config)
+  job.validate(_config())
 
 
 def test_job_end_to_end_writes_the_documented_rows(tmp_path, tiny_bert_dir):

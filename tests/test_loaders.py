@@ -16,8 +16,11 @@ import zipfile
 import pytest
 
 from bilinear_ir.data import loaders
-from bilinear_ir.data.config import data_config
+from bilinear_ir.data import msmarco
+from bilinear_ir.data import scifact as scifact_lib
+from bilinear_ir.defaults import data_config
 from bilinear_ir.errors import InputError
+from bilinear_ir.jobs import collection_stats
 
 
 def _config(fmt: str, path: str):
@@ -51,7 +54,7 @@ def test_scifact_counts(scifact):
 
 
 def _raw_corpus_rows() -> dict[str, dict[str, str]]:
-  with zipfile.ZipFile(loaders.embedded_scifact_path()) as zf:
+  with zipfile.ZipFile(scifact_lib.embedded_scifact_path()) as zf:
     text = zf.read("corpus_train.csv").decode("utf-8")
   return {r["doc_id"]: r for r in csv.DictReader(io.StringIO(text, newline=""))}
 
@@ -96,10 +99,10 @@ def test_scifact_abstracts_match_raw_csv(scifact):
 
 
 def test_embedded_zip_matches_source_txt():
-  folder = os.path.dirname(loaders.embedded_scifact_path())
+  folder = os.path.dirname(scifact_lib.embedded_scifact_path())
   with open(os.path.join(folder, "SOURCE.txt"), encoding="utf-8") as f:
     documented = re.search(r"SHA-256 ([0-9a-f]{64})", f.read()).group(1)
-  with open(loaders.embedded_scifact_path(), "rb") as f:
+  with open(scifact_lib.embedded_scifact_path(), "rb") as f:
     assert hashlib.sha256(f.read()).hexdigest() == documented
 
 
@@ -193,7 +196,7 @@ def test_msmarco_round_trip(tmp_path):
   assert c.candidates == {"dev": {"20": ["2", "0"], "21": ["1"]}}
   assert c.triples_path == os.path.join(str(tmp_path / "marco"), "triples.train.small.tsv")
   # Triples: ids resolved by text; 'passage zero' is docs 0 and 3, the judged one (3) is chosen.
-  assert list(loaders.msmarco_triples(c, "train")) == [(1, "10", "1", "2"), (2, "11", "3", "1")]
+  assert list(msmarco.msmarco_triples(c, "train")) == [(1, "10", "1", "2"), (2, "11", "3", "1")]
 
 
 def test_msmarco_optional_files_and_conflicting_queries(tmp_path):
@@ -220,7 +223,7 @@ def test_msmarco_triples_refuse_unjudged_positive(tmp_path):
          "query ten\tpassage two\tpassage one\n")
   c = loaders.load(_config("msmarco", folder))
   with pytest.raises(InputError, match=r"triples\.train\.small\.tsv: line 2: field 'positive'"):
-    list(loaders.msmarco_triples(c, "train"))
+    list(msmarco.msmarco_triples(c, "train"))
 
 
 ROBUST_DOCS = {
@@ -274,7 +277,7 @@ def test_stats_job_counts(tmp_path, repo_root):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config(f"format=beir,path={_beir(tmp_path / 'mini')}")
-  results = loaders.stats_job(config, str(tmp_path / "w")).results
+  results = collection_stats.run(config, str(tmp_path / "w")).results
   assert results["docs"] == 3 and results["queries"] == 3
   assert results["avg_doc_words"] == pytest.approx((4 + 3 + 2) / 3)
   assert results["splits"] == {

@@ -13,8 +13,8 @@ import pytest
 from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
-from bilinear_ir.eval import lowrank_analysis
-from bilinear_ir.eval import ranking
+from bilinear_ir.jobs import lowrank_analysis
+from bilinear_ir.retrieval import ranking
 from conftest import REPO, random_prepared, write_beir
 
 DIM = 12
@@ -61,7 +61,7 @@ def test_theorem3_check_matches_a_float64_twin(seed):
   is_top = rng.random(m) < 0.3
   dec = lowrank.svd(jnp.asarray(W))
   for r in (1, 4, 9, n - 1, n):
-    got = lowrank_analysis.check_theorem3(W, S, lowrank.lowrank_params(W, r), r, q, d, is_top,
+    got = lowrank.check_theorem3(W, S, lowrank.lowrank_params(W, r), r, q, d, is_top,
                                           1e-5)
     q64, d64 = q.astype(np.float64), d.astype(np.float64)
     err = np.abs(np.einsum("bi,ij,bj->b", q64, W.astype(np.float64) - _truncated64(W, r), d64))
@@ -77,7 +77,7 @@ def test_theorem3_check_matches_a_float64_twin(seed):
     np.testing.assert_allclose(got["ratio_sum_top"], ratio[is_top].sum(), rtol=1e-3)
     assert got["ratio_count_top"] == is_top.sum() and got["ratio_max"] <= 1 + 1e-5
     # The tightness witness (u_{r+1}, v_{r+1}) meets the bound with equality.
-    w = lowrank_analysis.witness_ratio(W, dec, lowrank.lowrank_params(W, r), r)
+    w = lowrank.witness_ratio(W, dec, lowrank.lowrank_params(W, r), r)
     assert abs(w - 1.0) <= 1e-4
 
 
@@ -89,18 +89,18 @@ def test_theorem3_check_flags_a_bound_that_is_too_small():
   r = 3
   wq, wd = (np.asarray(x)[None] for x in lowrank.tightness_witness(dec, r))
   factors = lowrank.lowrank_params(W, r)
-  ok = lowrank_analysis.check_theorem3(W, S, factors, r, wq, wd, np.ones(1, bool), 1e-5)
+  ok = lowrank.check_theorem3(W, S, factors, r, wq, wd, np.ones(1, bool), 1e-5)
   assert ok["violations"] == 0 and abs(ok["ratio_max"] - 1.0) <= 1e-4
   # Claim sigma_{r+1} 10% smaller than it is: the witness pair must now violate the bound.
   shrunk = S.copy()
   shrunk[r] *= 0.9
-  bad = lowrank_analysis.check_theorem3(W, shrunk, factors, r, wq, wd, np.ones(1, bool), 1e-5)
+  bad = lowrank.check_theorem3(W, shrunk, factors, r, wq, wd, np.ones(1, bool), 1e-5)
   assert bad["violations"] == 1 and bad["ratio_max"] == pytest.approx(1 / 0.9, rel=1e-4)
 
 
 def test_pointwise_pairs_top_then_distinct_random_docs():
   top = np.array([[3, 1, 7], [0, 2, 5]])
-  q_pos, d_rows, is_top = lowrank_analysis.pointwise_pairs(top, 12, 4,
+  q_pos, d_rows, is_top = lowrank.pointwise_pairs(top, 12, 4,
                                                            np.random.default_rng(0))
   assert q_pos.tolist() == [0] * 7 + [1] * 7
   for i in range(2):
@@ -109,7 +109,7 @@ def test_pointwise_pairs_top_then_distinct_random_docs():
         False] * 4
     assert len(set(rows.tolist())) == 7 and not set(rows[3:].tolist()) & set(top[i].tolist())
   # Fewer docs left than asked: all of them, once.
-  _, d_rows, _ = lowrank_analysis.pointwise_pairs(np.array([[3, 1, 0]]), 5, 10,
+  _, d_rows, _ = lowrank.pointwise_pairs(np.array([[3, 1, 0]]), 5, 10,
                                                   np.random.default_rng(0))
   assert sorted(d_rows.tolist()) == [0, 1, 2, 3, 4] and d_rows[:3].tolist() == [3, 1, 0]
 

@@ -12,11 +12,12 @@ import pytest
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.data.batches import BatchSampler
-from bilinear_ir.eval import mol_table
-from bilinear_ir.eval import ranking
+from bilinear_ir.jobs import mol as mol_table
+from bilinear_ir.retrieval import ranking
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 from bilinear_ir.train import losses
 from bilinear_ir.train import trainer
+from bilinear_ir.jobs import common
 from conftest import REPO, random_prepared, write_beir
 
 DIM = 16
@@ -57,11 +58,11 @@ def test_train_and_evaluate_loss_is_ce_plus_alpha_l_mi(prepared):
   alpha = 5.0
   cfg = _config(beir, alpha)
   splitset = pipeline.splits(prep.collection, cfg.data, cfg.seed)[0]
-  module = trainer.build_model(cfg.model, DIM)
+  module = scorers.from_config(cfg.model, DIM)
   compiled = trainer.train_steps._cache_size()  # pylint: disable=protected-access
-  with_mi = trainer.train_and_evaluate(cfg, prep, splitset, progress=False,
+  with_mi = common.train_and_evaluate(cfg, prep, splitset, progress=False,
                                        aux_loss=losses.mi_loss(module))
-  without = trainer.train_and_evaluate(cfg, prep, splitset, progress=False, aux_loss=None)
+  without = common.train_and_evaluate(cfg, prep, splitset, progress=False, aux_loss=None)
   # One compiled step per run (the initial state is placed like the step's outputs).
   assert trainer.train_steps._cache_size() == compiled + 2  # pylint: disable=protected-access
   # Without a dev split, history[0] is step 1: its loss is step 0's, on the initial params and
@@ -104,8 +105,8 @@ def test_train_and_evaluate_loss_is_ce_plus_alpha_l_mi(prepared):
   steps, blocks = trainer.train_steps._cache_size(), ranking._score_block._cache_size()
   with cfg.unlocked():
     cfg.seed = 1
-  trainer.train_and_evaluate(cfg, prep, splitset, progress=False,
-                             aux_loss=losses.mi_loss(trainer.build_model(cfg.model, DIM)))
+  common.train_and_evaluate(cfg, prep, splitset, progress=False,
+                             aux_loss=losses.mi_loss(scorers.from_config(cfg.model, DIM)))
   assert trainer.train_steps._cache_size() == steps
   assert ranking._score_block._cache_size() == blocks
 

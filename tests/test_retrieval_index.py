@@ -10,7 +10,8 @@ import pytest
 from bilinear_ir import scorers
 from bilinear_ir.errors import InputError
 from bilinear_ir.retrieval import exact
-from bilinear_ir.retrieval.index import DocIndex, params_sha256
+from bilinear_ir import files
+from bilinear_ir.retrieval.index import DocIndex
 
 
 def bilinear(seed=0, n=8):
@@ -28,7 +29,7 @@ def test_build_open_search_equals_exact(tmp_path):
   index = DocIndex.build(str(tmp_path / "idx"), module, params, docs, shard_docs=300)
   m = json.loads((tmp_path / "idx" / "manifest.json").read_text())
   assert m["scorer"] == "bilinear" and m["scorer_config"] == {"dim": 8}
-  assert m["params_sha256"] == params_sha256(params) and m["dtype"] == "float32"
+  assert m["params_sha256"] == files.tree_sha256(params) and m["dtype"] == "float32"
   assert m["width"] == 8 and m["num_docs"] == m["num_rows"] == 1000
   assert [s["num_rows"] for s in m["shards"]] == [300, 300, 300, 100]
   shard = np.load(tmp_path / "idx" / m["shards"][1]["rows"], allow_pickle=False)

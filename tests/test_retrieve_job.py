@@ -19,7 +19,8 @@ from bilinear_ir import main
 from bilinear_ir.errors import InputError
 from bilinear_ir.eval import trec
 from bilinear_ir.retrieval import index as index_lib
-from bilinear_ir.retrieval import job
+from bilinear_ir.jobs import retrieve as job
+from bilinear_ir.retrieval import serving
 from bilinear_ir.retrieval import sharded
 from conftest import REPO, write_beir
 
@@ -239,6 +240,6 @@ def test_local_rows_tile_the_table_across_shard_boundaries(tmp_path):
   table = np.random.default_rng(0).normal(size=(30, 4)).astype(np.float32)
   index = index_lib.DocIndex.build(str(tmp_path), None, {}, table, shard_docs=7)
   for p in (1, 3, 4, 32):  # 32 processes > 30 docs: some processes hold no rows
-    parts = [job.local_rows(index, *sharded.process_rows(30, i, p)) for i in range(p)]
+    parts = [serving.local_rows(index, *sharded.process_rows(30, i, p)) for i in range(p)]
     assert all(part.shape[1] == 4 for part in parts)
     np.testing.assert_array_equal(np.concatenate(parts), table)

@@ -12,7 +12,7 @@ import pytest
 import Stemmer
 
 from bilinear_ir.errors import InputError
-from bilinear_ir.fidelity import sparse
+from bilinear_ir.data import sparse
 
 WORDS = ("The Cells cell running runs ran protein proteins of and in a x DNA gene genes "
          "expression Expressed mouse mice! tumour tumor, growth (growth) factor receptor "

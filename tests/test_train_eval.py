@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bilinear_ir.eval import metrics, trec
+from bilinear_ir.train import saved_model
 from conftest import REPO, write_beir
 
 
@@ -124,14 +125,13 @@ def test_unknown_scorer_exits_2_without_results(tmp_path, beir, tiny_bert_dir):
 
 def test_saved_model_reloads_and_scores_like_the_run(tmp_path, beir, tiny_bert_dir):
   from bilinear_ir.data import embeddings, loaders  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.train import trainer  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   w = tmp_path / "w"
   proc = subprocess.run(_cmd(w, beir, tiny_bert_dir, tmp_path / "cache",
                              "--config.train.steps=20", "--config.train.eval_every=10"),
                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  module, params, meta = trainer.load_model(str(w / "model"))
+  module, params, meta = saved_model.load_model(str(w / "model"))
   assert meta["model"]["scorer"] == "lowrank" and meta["model"]["rank"] == 4
   coll = loaders.load(ml_collections.ConfigDict(meta["data"]))
   emb = embeddings.embed_collection(coll, ml_collections.ConfigDict(meta["encoder"]))

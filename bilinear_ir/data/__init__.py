@@ -1,1 +1,3 @@
-"""Data: collections (loaders + validation), frozen-encoder embeddings + cache, training batches."""
+"""Data: collections (one loader per format + validation), frozen-encoder embeddings + cache,
+BM25 and other sparse vectors, training batches, and the pipeline collection -> embeddings ->
+splits."""

@@ -30,7 +30,7 @@ class Collection:
       split; every qid and doc id in it is a known query / doc.
     triples_path: an optional training-triples file (MS MARCO `triples.train.small.tsv`:
       query, positive passage, negative passage texts), "" when absent. It is tens of GB for
-      the real data, so it is not read here: `data.loaders.msmarco_triples` streams it (for
+      the real data, so it is not read here: `data.msmarco.msmarco_triples` streams it (for
       `data.tfds_builder`) and validates each line as it goes.
   """
   name: str

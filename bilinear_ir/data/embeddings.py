@@ -58,10 +58,13 @@ import time
 from typing import Any, Sequence
 
 from absl import logging
+import flax
 import jax
 import jax.numpy as jnp
+import jaxlib
 import ml_collections
 import numpy as np
+import tokenizers
 import tqdm
 
 from bilinear_ir import files
@@ -161,7 +164,7 @@ def load_encoder(model: str) -> Encoder:
   for volatile in ("_name_or_path", "transformers_version", "architectures"):
     config.pop(volatile, None)
   hashes = {
-      "weights_sha256": files.params_sha256(params),
+      "weights_sha256": files.tree_sha256(params),
       "config_sha256": files.sha256_bytes(json.dumps(config, sort_keys=True).encode()),
       "tokenizer_sha256": files.sha256_bytes(tokenizer.backend_tokenizer.to_str().encode()),
   }
@@ -290,9 +293,6 @@ def resolve_cache_dir(cache_dir: str) -> str:
 
 def _versions() -> dict[str, str]:
   """Versions of the libraries whose numerics the cached arrays depend on."""
-  import flax  # pylint: disable=g-import-not-at-top
-  import jaxlib  # pylint: disable=g-import-not-at-top
-  import tokenizers  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
           "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
@@ -426,7 +426,7 @@ def encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *,
 
   Args:
     texts: [N] strings.
-    encoder_cfg: the `encoder` config block (`data.config.encoder_config()`).
+    encoder_cfg: the `encoder` config block (`defaults.encoder_config()`).
     devices: the devices to shard batches over (default: all local devices).
     desc: progress bar label.
 

@@ -15,25 +15,9 @@ import numpy as np
 from bilinear_ir.data import collection as collection_lib
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import loaders
+from bilinear_ir.data import sparse
 from bilinear_ir.data.batches import TrainSet, hard_negative_pool
 from bilinear_ir.errors import require
-
-
-def bm25_config() -> ml_collections.ConfigDict:
-  """The project's BM25 (bilinear_ir.fidelity.sparse.BM25) for baselines, negatives, candidates.
-
-  Fields:
-    k1, b, variant: BM25 parameters ("lucene" is bm25s's default scoring).
-    stemmer: "" or a Snowball language ("english") applied after bm25s-style tokenisation.
-    depth: how many BM25 results are kept per query (re-ranking candidates, hard negatives).
-  """
-  c = ml_collections.ConfigDict()
-  c.k1 = 1.5
-  c.b = 0.75
-  c.variant = "lucene"
-  c.stemmer = ""
-  c.depth = 1000
-  return c
 
 
 @dataclasses.dataclass
@@ -96,7 +80,6 @@ class Prepared:
 def bm25_ranking(collection: collection_lib.Collection, query_ids: list[str],
                  cfg: ml_collections.ConfigDict):
   """BM25 top-`depth` of each query: (idx [Q, depth], scores [Q, depth], fitted model)."""
-  from bilinear_ir.fidelity import sparse  # pylint: disable=g-import-not-at-top
   model = sparse.BM25(k1=cfg.k1, b=cfg.b, variant=cfg.variant,
                       tokenizer=sparse.Tokenizer(kind="bm25s", stemmer=cfg.stemmer))
   model.fit(collection.doc_strings())

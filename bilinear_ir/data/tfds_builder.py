@@ -14,7 +14,7 @@ Negatives come from one of two sources:
   relevant (> 0). A query with positives but no list, an unknown id among those read, or too
   short a list is an `InputError`; queries without a positive make no example.
 * `negatives=None`: the MS MARCO training triples of the collection (`triples_path`), one
-  example per line, ids resolved by `loaders.msmarco_triples`; `num_negatives` must be 1.
+  example per line, ids resolved by `msmarco.msmarco_triples`; `num_negatives` must be 1.
 
 No TensorFlow is needed: build with `file_format="array_record"` (what `build` does) and read
 with `builder.as_data_source()[split]`, or without this class with
@@ -32,7 +32,7 @@ from typing import Iterator
 from etils import epath
 import tensorflow_datasets as tfds
 
-from bilinear_ir.data import loaders
+from bilinear_ir.data import msmarco
 from bilinear_ir.data.collection import Collection
 from bilinear_ir.errors import input_error, require
 
@@ -110,7 +110,7 @@ class TrainingExamples(tfds.core.GeneratorBasedBuilder):
               "negatives": [doc_strings[row[d]] for d in negs]}
 
     if self._negatives is None:
-      for line, qid, pos, neg in loaders.msmarco_triples(c, self._split):
+      for line, qid, pos, neg in msmarco.msmarco_triples(c, self._split):
         yield line, example(qid, pos, [neg])
       return
     for qid, judged in sorted(c.qrels[self._split].items()):

@@ -1,1 +1,2 @@
-"""Evaluation: metrics (pytrec_eval-equal), TREC run/qrels I/O, report tables and plots."""
+"""Evaluation: IR metrics (equal to trec_eval / pytrec_eval), TREC run and qrels I/O, paired
+statistics over queries."""

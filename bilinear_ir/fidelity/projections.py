@@ -12,9 +12,9 @@ every device and in every call. A sparse [n, V] matrix is applied in two parts (
   * tail: the other nonzeros as a sum `y[r] += x[r, c] * A^T[c]`, in fixed-size pieces that each
     lie inside one block; an inner loop scatters the current block's pieces.
   Why n / 64: on a 2-core CPU the matmul does ~150 G multiply-adds/s and the scatter ~2.4 G/s, so
-  a column is cheaper dense once it holds more than n * 2.4 / 150 nonzeros (1,135 rows x 15,000
-  terms, 87,342 nonzeros, k = 9,472: 426 head columns hold 92% of the nonzeros, and one projection
-  takes 119 ms instead of 384 ms with every nonzero scattered). Memory: each head column holds
+  a column is cheaper dense once it holds more than n * 2.4 / 150 nonzeros (on SciFact's 1,135
+  rows x 15,000 terms, 426 head columns hold 92% of the 87,342 nonzeros). Memory: each head
+  column holds
   >= n / 64 nonzeros, so the dense head has n * H <= 64 * nnz entries.
 
 Rademacher signs come from packed random bits (32 signs per uint32), an order of magnitude faster
@@ -62,7 +62,7 @@ def _block_source(key: jax.Array, block: jax.Array | int, block_size: int, k: in
   words = block_size * -(-k // 32)
   if str(jax.random.key_impl(bkey)) == "threefry2x32":
     # Counter-mode Threefry over a flat counter (what jax.random.bits does without
-    # jax_threefry_partitionable): 4.6 ms per 4,096 x 296 words on CPU, against 7.9 ms.
+    # jax_threefry_partitionable), cheaper on CPU than jax.random.bits' split keys.
     bits = jax_random_ext.threefry_2x32(jax.random.key_data(bkey),
                                         jnp.arange(words, dtype=jnp.uint32))
   else:

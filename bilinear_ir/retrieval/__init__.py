@@ -6,6 +6,9 @@ doc index, certified low-rank / low-precision retrieval and FAISS export.
 
 Modules: `exact` (chunked scan + running top-k merge, streaming, multi-vector max),
 `sharded` (shard_map over a device mesh; per-process split + merge), `index` (DocIndex: `.npy`
-shards + manifest), `certified` (rank-r scan + Theorem 3 certificate; bf16 scan + float32
-rescoring), `faiss_export` (the only module importing faiss, a dev extra).
+shards + manifest), `serving` (reuse or build an index, then search it), `certified` (rank-r
+scan + Theorem 3 certificate; bf16 scan + float32 rescoring), `ranking` (rank and evaluate a
+scorer's run: full corpus or re-ranking), `hybrid` (sparse-dense fusion), `candidates`
+(re-ranking candidates), `mol_topk` (Mixture-of-Logits top-k), `latency` (timed scoring calls
+and the hardware line), `faiss_export` (the only module importing faiss, an extra).
 """

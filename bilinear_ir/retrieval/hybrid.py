@@ -25,10 +25,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from bilinear_ir import defaults
 from bilinear_ir.errors import require
+from bilinear_ir.eval import metrics
 
 NORMALIZATIONS = ("minmax", "none")
-DEFAULT_GRID = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))
+DEFAULT_GRID = defaults.HYBRID_GRID
 
 # score_fn(query_rows [K] int, doc_rows [K] int) -> [K] float: exact scores of K (query, doc) pairs.
 PairScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -211,8 +213,6 @@ def tune_lambda(cands: Candidates, qrels: Mapping[str, Mapping[str, int]],
   Returns:
     (best lam, {lam: mean measure}); ties go to the smallest lam.
   """
-  from bilinear_ir.eval import metrics  # pylint: disable=g-import-not-at-top
-
   require(len(query_ids) == cands.ids.shape[0],
           f"{len(query_ids)} query ids for {cands.ids.shape[0]} candidate rows",
           field="hybrid.query_ids")

@@ -41,10 +41,6 @@ DTYPES = ("float32", "bfloat16")
 DEFAULT_SHARD_DOCS = 65536
 
 
-# Imported as `index.params_sha256` by retrieval/job.py and tests; one implementation in files.
-params_sha256 = files.params_sha256
-
-
 def scorer_description(module) -> tuple[str, dict[str, Any]]:
   """(registry name, {field: value}) of a scorer module, as stored in the manifest."""
   name = getattr(module, "registry_name", type(module).__name__)
@@ -128,10 +124,10 @@ class DocIndex:
     first = docs[0] if isinstance(docs, (tuple, list)) else docs
     n = int(np.shape(first)[0])
     if module is None:
-      name, config, digest, apply = "table", {}, params_sha256({}), None
+      name, config, digest, apply = "table", {}, files.tree_sha256({}), None
     else:
       name, config = scorer_description(module)
-      digest = params_sha256(params)
+      digest = files.tree_sha256(params)
       apply = jax.jit(lambda p, *x: module.apply({"params": p}, *x, method=module.doc_table))
     shards, width, total_rows, multi = [], None, 0, None
     for i, lo in enumerate(range(0, n, shard_docs)):
@@ -249,7 +245,7 @@ class DocIndex:
       raise input_error(f"index built for scorer {self.manifest['scorer']!r} "
                         f"{self.manifest.get('scorer_config')}, not {name!r} {config}",
                         file=path, field="scorer")
-    if params_sha256(params) != self.manifest["params_sha256"]:
+    if files.tree_sha256(params) != self.manifest["params_sha256"]:
       raise input_error("index built with other params (hash differs); rebuild it", file=path,
                         field="params_sha256")
 

@@ -5,7 +5,7 @@
     s = module.apply({"params": params}, q, docs, method=module.score_all)   # [B, N]
 """
 # Importing the family modules registers their scorers.
-from bilinear_ir.scorers import bilinear, dot, late_interaction, mol, multivector  # noqa: F401
-from bilinear_ir.scorers.registry import build, init_params, names, register
+from bilinear_ir.scorers import bilinear, dot, mol, multivector, token_interaction  # noqa: F401
+from bilinear_ir.scorers.registry import build, from_config, init_params, names, options, register
 
-__all__ = ["build", "init_params", "names", "register"]
+__all__ = ["build", "from_config", "init_params", "names", "options", "register"]

@@ -1,7 +1,7 @@
 """Scorer registry: pick a similarity by name (as scenic's `model_lib` does).
 
-`build(name, dim=n, **kwargs)` returns an (unbound) Flax module; `init_params(module, key)` returns
-its initial parameters. Unknown names and unknown keyword arguments are `InputError`s, so a
+`build(name, dim=n, **kwargs)` returns an (unbound) Flax module, `from_config(config.model, n)`
+the one a `model` config block names; `init_params(module, key)` returns its initial parameters. Unknown names and unknown keyword arguments are `InputError`s, so a
 misspelt config value exits with code 2.
 """
 from __future__ import annotations
@@ -35,6 +35,25 @@ def names() -> list[str]:
   return sorted(_REGISTRY)
 
 
+def options(name: str) -> list[str]:
+  """The options scorer `name` takes besides `dim`, sorted (an unknown name: `InputError`)."""
+  if name not in _REGISTRY:
+    raise input_error(f"unknown scorer {name!r}; known: {', '.join(names())}", file="config",
+                      field="model.scorer")
+  return sorted({f.name for f in dataclasses.fields(_REGISTRY[name])} - {"parent", "name", "dim"})
+
+
+def from_config(model_cfg: Any, dim: int) -> nn.Module:
+  """The scorer of a `model` config block (`defaults.model_config()`) for width `dim`.
+
+  Only the fields of the block that the scorer has are passed to it (the block carries every
+  family's options, e.g. `rank` is ignored by `bilinear`).
+  """
+  name = model_cfg.scorer
+  kwargs = {k: v for k, v in model_cfg.items() if k in options(name)}
+  return build(name, dim=dim, **kwargs)
+
+
 def build(name: str, dim: int, **kwargs: Any) -> nn.Module:
   """Builds scorer `name` for embeddings of width `dim`.
 
@@ -46,16 +65,12 @@ def build(name: str, dim: int, **kwargs: Any) -> nn.Module:
   Returns:
     The unbound module; its params come from `init_params`.
   """
-  if name not in _REGISTRY:
-    raise input_error(f"unknown scorer {name!r}; known: {', '.join(names())}", file="config",
-                      field="model.scorer")
-  cls = _REGISTRY[name]
-  fields = {f.name for f in dataclasses.fields(cls)} - {"parent", "name"}
-  unknown = set(kwargs) - fields
+  known = options(name)
+  unknown = set(kwargs) - set(known)
   if unknown:
-    raise input_error(f"scorer {name!r} has no option(s) {sorted(unknown)}; it takes "
-                      f"{sorted(fields - {'dim'})}", file="config", field="model")
-  return cls(dim=dim, **kwargs)
+    raise input_error(f"scorer {name!r} has no option(s) {sorted(unknown)}; it takes {known}",
+                      file="config", field="model")
+  return _REGISTRY[name](dim=dim, **kwargs)
 
 
 def init_params(module: nn.Module, key: jax.Array) -> Any:

@@ -1,1 +1,2 @@
-"""Training: losses, the sharded trainer (train_and_evaluate), checkpoints (one orbax wrapper)."""
+"""Training: losses, the sharded training loop (`trainer.fit`), checkpoints (one orbax wrapper),
+saved models, distillation teachers."""

@@ -5,11 +5,16 @@ metric, history), so a killed run resumes where it stopped and ends with the sam
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from bilinear_ir.errors import input_error
 
 
 class Checkpoints:
@@ -64,9 +69,6 @@ def save_params(directory: str, params: Any, meta: dict[str, Any]) -> None:
   The folder is written next to its final place and renamed into it, so a reader never sees a
   half-written model.
   """
-  import json  # pylint: disable=g-import-not-at-top
-  import shutil  # pylint: disable=g-import-not-at-top
-  import tempfile  # pylint: disable=g-import-not-at-top
   directory = os.path.abspath(directory)
   parent = os.path.dirname(directory)
   os.makedirs(parent, exist_ok=True)
@@ -87,8 +89,6 @@ def save_params(directory: str, params: Any, meta: dict[str, Any]) -> None:
 
 def load_params(directory: str, template: Any | None = None) -> tuple[Any, dict[str, Any]]:
   """Loads `(params, meta)` written by `save_params` (shaped like `template` if given)."""
-  import json  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.errors import input_error  # pylint: disable=g-import-not-at-top
   directory = os.path.abspath(directory)
   meta_path = os.path.join(directory, "model.json")
   try:

@@ -1,8 +1,8 @@
-"""The trainer: jitted, data-parallel steps over a device mesh, orbax resume, dev selection.
+"""The training loop: jitted, data-parallel steps over a device mesh, orbax resume, dev selection.
 
 `fit` trains any scorer of the registry on a `TrainSet` (row indices into query/doc features held
-on device); `run` is the `train_eval` job: one scorer on one collection, trained on the train
-split (minus a dev part used for model selection) and evaluated on the test split.
+on device) with the knobs of `defaults.train_config()`, and returns the params that were best on
+the dev split.
 """
 from __future__ import annotations
 
@@ -20,79 +20,14 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from bilinear_ir import progress
 from bilinear_ir.data.batches import BatchSampler, TrainSet
 from bilinear_ir.errors import require
-from bilinear_ir.train import checkpoints
 from bilinear_ir.train import losses
 from bilinear_ir.train.checkpoints import Checkpoints
 
 LOSSES = ("softmax", "margin", "kl", "margin_mse")
 DISTILLATION_LOSSES = ("kl", "margin_mse")
-
-
-def train_config() -> ml_collections.ConfigDict:
-  """Every training knob and its meaning.
-
-  Fields:
-    loss: "softmax" (cross entropy of the positive against in-batch + sampled negatives) or
-      "margin" (hinge `max(0, margin - (s_pos - s_neg))` over each query's sampled negatives, the
-      paper's public implementation; its margin is in score units, so it depends on the scale),
-      or a distillation loss against a teacher's scores (`fit(teacher_scores=...)`, LITE paper
-      A.2): "kl" (KL(softmax(teacher / teacher_temperature) || softmax(scores / temperature))
-      over each query's candidates) or "margin_mse" (sum over negatives of
-      ((t_pos - t_neg) / teacher_temperature - (s_pos - s_neg))^2).
-    temperature: softmax temperature (scores / temperature) of "softmax" and the student side of
-      "kl"; see `auto_temperature`.
-    auto_temperature: if True, temperature *= the std of the initial scorer's scores of
-      random (query, doc) pairs, making the loss free of the embedding scale ("softmax", "kl").
-    teacher_temperature: teacher scores are divided by it in "kl" and "margin_mse" (the teacher's
-      softmax temperature; the scale whose margins the student matches).
-    margin: margin of the "margin" loss.
-    batch_size: pairs per step B (a multiple of the device count is used).
-    hard_negatives: negatives per query from the hard pool (BM25 top `hard_depth`).
-    hard_depth: depth of the hard-negative pool.
-    random_negatives: negatives per query drawn uniformly from the corpus.
-    in_batch: other queries' candidates count as negatives.
-    steps: total optimisation steps (0: `epochs` epochs).
-    epochs: used when steps == 0.
-    lr, warmup_steps, end_lr_fraction: AdamW peak learning rate, linear warm-up, cosine decay to
-      `lr * end_lr_fraction`.
-    weight_decay: AdamW decoupled decay (toward 0; usually keep 0 and use `l2_to_init`).
-    l2_to_init: weight of `||params - params_0||^2`, a pull toward the initial (dot-product)
-      similarity.
-    clip_norm: global gradient-norm clipping.
-    eval_every: steps between dev evaluations (model selection keeps the best dev params).
-    select_metric: dev metric that picks the checkpoint.
-    checkpoint_every, keep_checkpoints: orbax cadence and retention.
-    steps_per_call: steps run by one jitted call (`train_steps`, a scan over that many batches
-      sampled together). Calls end at every evaluation, checkpoint and the last step, so the
-      cadences above are kept exactly; the result does not depend on it.
-  """
-  c = ml_collections.ConfigDict()
-  c.loss = "softmax"
-  c.temperature = 0.1
-  c.auto_temperature = True
-  c.teacher_temperature = 1.0
-  c.margin = 1.0
-  c.batch_size = 128
-  c.hard_negatives = 1
-  c.hard_depth = 100
-  c.random_negatives = 1
-  c.in_batch = True
-  c.steps = 0
-  c.epochs = 100
-  c.lr = 1e-3
-  c.warmup_steps = 20
-  c.end_lr_fraction = 0.1
-  c.weight_decay = 0.0
-  c.l2_to_init = 0.0
-  c.clip_norm = 1.0
-  c.eval_every = 50
-  c.select_metric = "ndcg@10"
-  c.checkpoint_every = 100
-  c.keep_checkpoints = 2
-  c.steps_per_call = 10
-  return c
 
 
 def data_mesh() -> jax.sharding.Mesh:
@@ -105,7 +40,7 @@ def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
   """Clip -> AdamW(warm-up + cosine decay), skipping any update whose gradient is not finite.
 
   Args:
-    cfg: `train_config()` or a `StepConfig` (fields lr, warmup_steps, end_lr_fraction,
+    cfg: `defaults.train_config()` or a `StepConfig` (fields lr, warmup_steps, end_lr_fraction,
       weight_decay, clip_norm).
     total_steps: length of the schedule.
   """
@@ -200,9 +135,8 @@ def train_steps(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teach
 
   Compiled once per (module, hp, aux_loss, shapes, L), so runs that differ only in seed or data
   reuse it; features are arguments, never baked-in constants. One call per L steps instead of
-  one per step saves the per-call dispatch and transfers (on a 2-core CPU, bilinear n = 384,
-  batch 256: 3.1 -> 2.4 ms per step with L = 10); the steps compute exactly what L calls of one
-  step would.
+  one per step saves the per-call dispatch and transfers; the steps compute exactly what L calls
+  of one step would.
 
   Args:
     state: {"params", "opt_state", "step"} (donated).
@@ -263,13 +197,13 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     q_feats: query features, an array [Q, ...] or a tuple of arrays (e.g. tokens, mask).
     d_feats: doc features [N, ...] (or a tuple), indexed by the rows of `trainset`.
     trainset: positive pairs and negative pools.
-    cfg: `train_config()`.
+    cfg: `defaults.train_config()`.
     seed: the config seed (batches).
     evaluate: params -> {metric: value} on the dev split, or None (then the last params win).
     checkpoint_dir: orbax directory; an existing checkpoint there is resumed.
     log_dir: TensorBoard scalars (loss, norms, dev metrics) go here (process 0 only).
     aux_loss: optional `(params, q, docs) -> scalar` added to the loss (e.g. MoL's L_MI).
-    progress: show a tqdm bar.
+    progress: report progress (`bilinear_ir.progress.bar`).
     stop_after: stop (after checkpointing) once this step is reached, as if the run was killed
       there; for tests of resumption.
     teacher_scores: [Q, N] float32 teacher scores of every (row of `q_feats`, doc row), needed by
@@ -422,225 +356,4 @@ def _writer(log_dir: str | None):
 
 
 def _progress(total: int, start: int, enabled: bool):
-  if not enabled or jax.process_index() != 0:
-    return None
-  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  return tqdm(total=total, initial=start, desc="train", unit="step", leave=False)
-
-
-# ---------------------------------------------------------------------------------------------
-# The train_eval job: one scorer on one collection.
-
-
-def model_config() -> ml_collections.ConfigDict:
-  """The scorer to train. Only the fields the chosen scorer has are passed to it.
-
-  Fields:
-    scorer: a registry name (dot, wdp, bilinear, lowrank, ...).
-    rank, residual, factor_init: low-rank options (see scorers.bilinear.LowRank); pure P Q^T
-      starts at the top-r principal projection of the training docs ("pca").
-  """
-  c = ml_collections.ConfigDict()
-  c.scorer = "bilinear"
-  c.rank = 32
-  c.residual = "none"
-  c.factor_init = "pca"
-  return c
-
-
-def eval_config() -> ml_collections.ConfigDict:
-  """How the test split is ranked and scored.
-
-  Fields:
-    mode: "full" (exact retrieval over the whole corpus) or "rerank" (re-score BM25's top
-      `rerank_depth`, as the bilinear paper's public code does).
-    depth: docs kept per query in "full" mode (the run's depth).
-    rerank_depth: BM25 candidates per query in "rerank" mode.
-    measures: reported measures (bilinear_ir.eval.metrics names).
-  """
-  c = ml_collections.ConfigDict()
-  c.mode = "full"
-  c.depth = 1000
-  c.rerank_depth = 1000
-  c.measures = ("ndcg@10", "mrr@10", "map", "recall@100")
-  return c
-
-
-def build_model(model_cfg: ml_collections.ConfigDict, dim: int) -> nn.Module:
-  """The scorer of `model_cfg` for width `dim`, given only the options it has."""
-  from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.scorers import registry  # pylint: disable=g-import-not-at-top
-  name = model_cfg.scorer
-  if name not in registry.names():
-    return scorers.build(name, dim=dim)  # raises the InputError naming the known scorers
-  fields = {f.name for f in dataclasses.fields(registry._REGISTRY[name])}  # pylint: disable=protected-access
-  options = {k: v for k, v in model_cfg.items() if k in fields and k not in ("dim", "name")}
-  return scorers.build(name, dim=dim, **options)
-
-
-def check_model_config(model_cfg: ml_collections.ConfigDict, dim: int = 8) -> None:
-  """Raises the `InputError` a bad `model` block would raise, before any data is loaded."""
-  from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
-  scorers.init_params(build_model(model_cfg, dim), jax.random.key(0))
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, prepared, splitset,
-                       workdir: str | None = None, progress: bool = True,
-                       aux_loss: Callable[[Any, tuple, tuple], jnp.ndarray] | None | str = "auto"
-                       ) -> dict[str, Any]:
-  """Trains `config.model` on `splitset.train`, selects on `.dev`, evaluates on `.test`.
-
-  Args:
-    config: a train_eval-style config (model, train, eval, seed).
-    prepared: `data.pipeline.Prepared` (collection, embeddings, BM25 rankings).
-    splitset: `data.pipeline.SplitSet`.
-    workdir: checkpoints go to `workdir/checkpoints`, TensorBoard scalars to `workdir/tb`
-      (None: neither).
-    progress: show progress bars.
-    aux_loss: optional `(params, q, docs) -> scalar` added to the training loss (passed to
-      `fit`; e.g. MoL's L_MI, `losses.MiLoss`). "auto": `losses.mi_loss(module)` for a scorer
-      with an `mi_weight` (MoL; None when the weight is 0), nothing otherwise. It is a static
-      argument of the jitted step: pass a value that compares and hashes by content (a frozen
-      dataclass over the module and weight), not a new lambda per call, or every call compiles
-      the step again.
-
-  Returns:
-    {"metrics": test means, "per_query": ..., "dev": best dev metrics, "history", "best_step",
-     "mode", "params", "run", "temperature"}.
-  """
-  from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.data import pipeline  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.eval import ranking  # pylint: disable=g-import-not-at-top
-  emb = prepared.embeddings
-  module = build_model(config.model, prepared.dim)
-  if aux_loss == "auto":
-    aux_loss = losses.mi_loss(module) if hasattr(module, "mi_weight") else None
-  params = scorers.init_params(module, jax.random.key(config.seed))
-  if getattr(module, "factor_init", None) == "pca" and module.residual == "none":
-    from bilinear_ir import lowrank  # pylint: disable=g-import-not-at-top
-    params = dict(params)
-    params["P"], params["Q"] = lowrank.pca_factors(emb.docs, module.rank)
-  tcfg, ecfg = config.train, config.eval
-  require(ecfg.mode in ranking.MODES, f"must be one of {ranking.MODES}, got {ecfg.mode!r}",
-          field="eval.mode")
-  ts, train_rows = pipeline.trainset(prepared, splitset.train,
-                                     tcfg.hard_depth if tcfg.hard_negatives else 0)
-  docs = emb.docs
-  doc_ids = prepared.collection.doc_ids
-
-  def evaluate_on(split, p, measures, depth):
-    rows = prepared.query_row_index(split.query_ids)
-    cands = prepared.bm25_idx[rows][:, :ecfg.rerank_depth] if ecfg.mode == "rerank" else None
-    return ranking.evaluate_scorer(module, p, emb.queries[rows], docs, split.query_ids, doc_ids,
-                                   split.qrels, mode=ecfg.mode, depth=depth,
-                                   candidates=cands, measures=measures)
-
-  # Dev evaluations only need the depth of their measures (all @k), not the run's full depth.
-  dev_measures = sorted({tcfg.select_metric, "ndcg@10", "mrr@10"})
-  dev_depth = (max(int(m.split("@")[1]) for m in dev_measures)
-               if all("@" in m for m in dev_measures) else ecfg.depth)
-  evaluate = None
-  if splitset.dev.query_ids:
-    evaluate = lambda p: evaluate_on(splitset.dev, p, dev_measures, dev_depth)[0]["mean"]
-  has_params = bool(jax.tree.leaves(params))
-  if has_params:
-    result = fit(module, params, emb.queries[train_rows], docs, ts, tcfg, config.seed,
-                 evaluate=evaluate,
-                 checkpoint_dir=os.path.join(workdir, "checkpoints") if workdir else None,
-                 log_dir=os.path.join(workdir, "tb") if workdir else None,
-                 aux_loss=aux_loss, progress=progress)
-    params, history, best_step, temperature = (result.params, result.history, result.best_step,
-                                               result.temperature)
-  else:
-    history, best_step, temperature = [], 0, None
-  dev = evaluate(params) if evaluate is not None else {}
-  metrics, run = evaluate_on(splitset.test, params, tuple(ecfg.measures), ecfg.depth)
-  return {"metrics": metrics["mean"], "per_query": metrics["per_query"], "dev": dev,
-          "history": history, "best_step": best_step, "mode": ecfg.mode, "params": params,
-          "run": run, "temperature": temperature}
-
-
-def save_model(directory: str, config: ml_collections.ConfigDict, dim: int, params: Any) -> None:
-  """Saves the selected params with what rebuilds their scorer (model block, dim, encoder)."""
-  meta = {"model": config.model.to_dict(), "dim": int(dim),
-          "encoder": config.encoder.to_dict(), "data": config.data.to_dict()}
-  checkpoints.save_params(directory, params, meta)
-
-
-def load_model(directory: str) -> tuple[nn.Module, Any, dict[str, Any]]:
-  """(module, params, meta) of a model written by `save_model` (e.g. `WORKDIR/model`).
-
-  The params are restored into the shapes of a fresh `init_params` on this process's devices,
-  so every process of a multi-host job loads its own full copy (orbax restores without a
-  template onto the devices that saved them, which other processes cannot address).
-  """
-  import json  # pylint: disable=g-import-not-at-top
-  from bilinear_ir import files  # pylint: disable=g-import-not-at-top
-  from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.errors import input_error  # pylint: disable=g-import-not-at-top
-  where = os.path.join(directory, "model.json")
-  if not os.path.isdir(directory):
-    raise input_error("no such model folder (a train_eval WORKDIR/model)", file=directory,
-                      field="model_dir")
-  try:
-    with open(where, "rb") as f:
-      meta = json.loads(files.decode_utf8(f.read(), where))
-  except (OSError, ValueError):
-    meta = None
-  require(isinstance(meta, dict), "missing or not JSON: not a saved model (train_eval writes "
-          "one to WORKDIR/model)", file=where)
-  require(isinstance(meta.get("model"), dict), "missing or not an object", file=where,
-          field="model")
-  require(isinstance(meta.get("dim"), int), "missing or not an int", file=where, field="dim")
-  module = build_model(ml_collections.ConfigDict(meta["model"]), meta["dim"])
-  template = scorers.init_params(module, jax.random.key(0))
-  try:
-    params, meta = checkpoints.load_params(directory, template)
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise input_error(f"params do not load as {meta['model'].get('scorer')!r} of width "
-                      f"{meta['dim']} ({type(e).__name__}: {e})", file=directory,
-                      field="model_dir") from e
-  return module, params, meta
-
-
-def run(config: ml_collections.ConfigDict, workdir: str):
-  """The `train_eval` job (see configs/train_eval.py). Writes the selected model to
-  `WORKDIR/model` (`WORKDIR/foldK/model` with folds), loadable with `load_model`."""
-  from bilinear_ir.data import pipeline  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.eval import report  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.eval import trec  # pylint: disable=g-import-not-at-top
-  check_model_config(config.model)
-  prepared = pipeline.prepare(config)
-  sets = pipeline.splits(prepared.collection, config.data, config.seed)
-  outs = []
-  for s in sets:
-    sub = os.path.join(workdir, s.name) if len(sets) > 1 else workdir
-    outs.append(train_and_evaluate(config, prepared, s, sub))
-    if jax.process_index() == 0:
-      save_model(os.path.join(sub, "model"), config, prepared.dim, outs[-1]["params"])
-  measures = list(config.eval.measures)
-  header = ["split", "queries"] + measures
-  rows = []
-  if len(sets) == 1:
-    out = outs[0]
-    results = {"metrics": out["metrics"], "mode": out["mode"], "dev": out["dev"],
-               "best_step": out["best_step"], "history": out["history"],
-               "queries": len(sets[0].test.query_ids)}
-    rows.append([sets[0].test.name, len(sets[0].test.query_ids)]
-                + [out["metrics"][m] for m in measures])
-    run_dict = out["run"]
-  else:
-    folds = [{"fold": s.name, "queries": len(s.test.query_ids), "metrics": o["metrics"],
-              "dev": o["dev"], "best_step": o["best_step"]} for s, o in zip(sets, outs)]
-    mean = {m: float(np.mean([o["metrics"][m] for o in outs])) for m in measures}
-    std = {m: float(np.std([o["metrics"][m] for o in outs])) for m in measures}
-    results = {"metrics": mean, "std": std, "mode": outs[0]["mode"], "folds": folds}
-    rows += [[f["fold"], f["queries"]] + [f["metrics"][m] for m in measures] for f in folds]
-    rows.append(["mean", sum(f["queries"] for f in folds)] + [mean[m] for m in measures])
-    rows.append(["std", ""] + [std[m] for m in measures])
-    run_dict = {q: docs for o in outs for q, docs in o["run"].items()}
-  results.update(scorer=config.model.scorer, collection=prepared.collection.name)
-  md = (f"# train_eval: {config.model.scorer} on {prepared.collection.name} "
-        f"({results['mode']} ranking)\n\n" + report.markdown_table(rows, header, digits=4))
-  return report.Report(results=results, markdown=md,
-                       extra_files={"run.trec": trec.run_to_text(run_dict, config.model.scorer)})
+  return progress.bar(total, "train", unit="step", initial=start, leave=False) if enabled else None

@@ -8,19 +8,18 @@ model is selected on the dev split carved out of train; test is only evaluated.
 """
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
 
-from bilinear_ir.data import pipeline
-from bilinear_ir.errors import require
-from bilinear_ir.eval import ranking
-from bilinear_ir.eval import report
+from bilinear_ir import defaults
+from bilinear_ir import progress
+from bilinear_ir import scorers
 from bilinear_ir.eval import trec
-from bilinear_ir.train import trainer
-
-EMBEDDINGS = {"mean": ("mean", True), "cls": ("cls", False)}  # name -> (pooling, normalize)
+from bilinear_ir.jobs import common
+from bilinear_ir.jobs import report
+from bilinear_ir.jobs import validation
+from bilinear_ir.retrieval import ranking
 
 
 def model_grid(config) -> list[dict[str, Any]]:
@@ -40,93 +39,36 @@ def _label(spec: dict[str, Any]) -> str:
   return spec["scorer"]
 
 
-def model_config(config, spec: dict[str, Any], seed: int):
-  """A copy of `config` for one row `spec` ({"scorer", "rank", "residual"}) and `seed`."""
-  c = copy.deepcopy(config)
-  with c.unlocked():
-    c.seed = seed
-    c.model.scorer = spec["scorer"]
-    if spec["rank"] is not None:
-      c.model.rank = spec["rank"]
-      c.model.residual = spec["residual"]
-  return c
+def validate(config) -> None:
+  """Refuses a bad config before any work (`jobs.validation`)."""
+  validation.check_table(config)
+  validation.integers(config.ranks, "ranks", low=1)
+  for residual in config.residuals:
+    validation.one_of(residual, ("none", "identity", "diag"), "residuals")
+  for spec in model_grid(config):
+    validation.check_model(common.row_config(config, spec, 0).model)
 
 
-def unseen_doc_queries(collection, train_split: str, test) -> list[str]:
-  """Test queries none of whose relevant docs is relevant to any training query.
-
-  On SciFact most test claims cite abstracts that training claims cite too, so a learned
-  similarity can gain by learning which docs get cited; this subset shows the gain without it.
-  """
-  seen = {d for judged in collection.qrels[train_split].values()
-          for d, rel in judged.items() if rel > 0}
-  return [q for q in test.query_ids
-          if not any(rel > 0 and d in seen for d, rel in test.qrels[q].items())]
-
-
-def subset_mean(per_query: dict[str, dict[str, float]], qids: list[str], measure: str) -> float:
-  """Mean of `measure` over the queries `qids` of per-query metrics (nan when empty)."""
-  return float(np.mean([per_query[q][measure] for q in qids])) if qids else float("nan")
-
-
-def aggregate(outs: list[dict[str, float]], measures) -> tuple[dict, dict]:
-  """[{measure: value}] over seeds -> ({measure: mean}, {measure: std})."""
-  mean = {m: float(np.mean([o[m] for o in outs])) for m in measures}
-  std = {m: float(np.std([o[m] for o in outs])) for m in measures}
-  return mean, std
-
-
-def embedding_config(config, name: str):
-  """A copy of `config` with the encoder of embedding `name` and its `train_overrides`."""
-  pooling, normalize = EMBEDDINGS[name]
-  c = copy.deepcopy(config)
-  with c.unlocked():
-    c.encoder.pooling = pooling
-    c.encoder.normalize = normalize
-    for key, value in config.train_overrides.get(name, {}).items():
-      c.train[key] = value
-  return c
-
-
-def embeddings_of(config):
-  """(name, `embedding_config(config, name)`, its `pipeline.Prepared`, splits) for each of
-  `config.embeddings`, lazily. The collection and BM25 do not depend on the encoder: they are
-  loaded once (`pipeline.prepare`) and only the embeddings are redone (`pipeline.reembed`)."""
-  prepared = None
-  for name in config.embeddings:
-    cfg = embedding_config(config, name)
-    prepared = (pipeline.prepare(cfg) if prepared is None
-                else pipeline.reembed(prepared, cfg.encoder))
-    yield name, cfg, prepared, pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
-
-
-def run(config, workdir: str) -> report.Report:
+def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
   """The `reproduce_table` job (configs/reproduce_table.py)."""
-  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  for name in config.embeddings:
-    require(name in EMBEDDINGS, f"unknown embedding {name!r}; known: {sorted(EMBEDDINGS)}",
-            field="embeddings")
-  require(len(config.seeds) >= 1, "needs at least one seed", field="seeds")
   grid = model_grid(config)
-  for spec in grid:
-    trainer.check_model_config(model_config(config, spec, 0).model)
   measures = list(config.eval.measures)
   sel = config.train.select_metric
   rows, runs, unseen_counts = [], {}, {}
-  bar = tqdm(total=len(config.embeddings) * len(grid) * len(config.seeds), desc="models",
-             unit="model")
-  for emb_name, cfg, prepared, splitset in embeddings_of(config):
+  bar = progress.bar(len(config.embeddings) * len(grid) * len(config.seeds), "models",
+                     unit="model")
+  for emb_name, cfg, prepared, splitset in common.embeddings_of(config):
     test = splitset.test
     base = {"embedding": emb_name, "mode": cfg.eval.mode}
-    unseen = unseen_doc_queries(prepared.collection, cfg.data.train_split, test)
+    unseen = common.unseen_doc_queries(prepared.collection, cfg.data.train_split, test)
     m0 = measures[0]
 
-    dot_cfg = model_config(cfg, {"scorer": "dot", "rank": None, "residual": None}, cfg.seed)
-    dot = trainer.train_and_evaluate(dot_cfg, prepared, splitset, progress=False)
+    dot_cfg = common.row_config(cfg, {"scorer": "dot", "rank": None, "residual": None}, cfg.seed)
+    dot = common.train_and_evaluate(dot_cfg, prepared, splitset, progress=False)
     rows.append({**base, "scorer": "dot", "rank": None, "residual": None,
                  "metrics": dot["metrics"], "std": {m: 0.0 for m in measures},
                  "dev": dot["dev"], "seeds": 1,
-                 "unseen_docs": {m0: subset_mean(dot["per_query"], unseen, m0)}})
+                 "unseen_docs": {m0: common.subset_mean(dot["per_query"], unseen, m0)}})
     test_rows = prepared.query_row_index(test.query_ids)
     bm25_metrics, runs["bm25"] = ranking.evaluate_run(
         test.query_ids, prepared.collection.doc_ids, prepared.bm25_idx[test_rows],
@@ -134,22 +76,22 @@ def run(config, workdir: str) -> report.Report:
     rows.append({**base, "scorer": "bm25", "rank": None, "residual": None, "mode": "full",
                  "metrics": bm25_metrics["mean"], "std": {m: 0.0 for m in measures},
                  "seeds": 1,
-                 "unseen_docs": {m0: subset_mean(bm25_metrics["per_query"], unseen, m0)}})
+                 "unseen_docs": {m0: common.subset_mean(bm25_metrics["per_query"], unseen, m0)}})
 
     trained = []
     for spec in grid:
       outs = []
       for seed in config.seeds:
-        out = trainer.train_and_evaluate(model_config(cfg, spec, seed), prepared, splitset,
-                                         progress=False)
+        out = common.train_and_evaluate(common.row_config(cfg, spec, seed), prepared, splitset,
+                                        progress=False)
         outs.append(out)
         bar.update(1)
-      mean, std = aggregate([o["metrics"] for o in outs], measures)
+      mean, std = common.aggregate([o["metrics"] for o in outs], measures)
       dev_mean = float(np.mean([o["dev"][sel] for o in outs]))
       row = {**base, **spec, "metrics": mean, "std": std,
              "dev": {sel: dev_mean}, "seeds": len(outs),
              "best_steps": [o["best_step"] for o in outs],
-             "unseen_docs": {m0: float(np.mean([subset_mean(o["per_query"], unseen, m0)
+             "unseen_docs": {m0: float(np.mean([common.subset_mean(o["per_query"], unseen, m0)
                                                 for o in outs]))}}
       rows.append(row)
       trained.append((spec, outs, dev_mean))
@@ -159,14 +101,14 @@ def run(config, workdir: str) -> report.Report:
     best_spec, best_outs, best_dev = max(trained, key=lambda t: t[2])
     hyb, lams, hyb_unseen = [], [], []
     for seed, out in zip(config.seeds, best_outs):
-      module = trainer.build_model(model_config(cfg, best_spec, seed).model, prepared.dim)
+      module = scorers.from_config(common.row_config(cfg, best_spec, seed).model, prepared.dim)
       metrics, lam, run = ranking.evaluate_hybrid(module, out["params"], prepared,
                                                   splitset.dev, test, cfg.hybrid, measures)
       hyb.append(metrics["mean"])
-      hyb_unseen.append(subset_mean(metrics["per_query"], unseen, m0))
+      hyb_unseen.append(common.subset_mean(metrics["per_query"], unseen, m0))
       lams.append(lam)
       runs[f"hybrid_{emb_name}_seed{seed}"] = run
-    mean, std = aggregate(hyb, measures)
+    mean, std = common.aggregate(hyb, measures)
     rows.append({**base, "scorer": "hybrid", "rank": best_spec["rank"],
                  "residual": best_spec["residual"], "dense": _label(best_spec), "lambda": lams,
                  "metrics": mean, "std": std, "seeds": len(hyb),
@@ -205,7 +147,7 @@ def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int]) 
                                                   else ""))
       cells.append(f"{r['unseen_docs'][m0]:.4f}")
       table.append(cells)
-    pooling, normalize = EMBEDDINGS[emb]
+    pooling, normalize = defaults.EMBEDDINGS[emb]
     out.append(f"\n## {emb}: {pooling} pooling, {'L2-normalised' if normalize else 'unnormalised'}"
                f" ({len(config.seeds)} seeds)\n\n")
     out.append(report.markdown_table(

@@ -16,6 +16,8 @@ import numpy as np
 
 from bilinear_ir.errors import require
 from bilinear_ir.eval import metrics as metrics_lib
+from bilinear_ir.retrieval import exact
+from bilinear_ir.retrieval import hybrid
 from bilinear_ir.scorers.base import TableScorer
 
 MODES = ("full", "rerank")
@@ -107,7 +109,6 @@ def score_topk(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, k: in
   Returns:
     (idx [Q, k] int doc rows, scores [Q, k] float32), best first, ties to the lower doc row.
   """
-  from bilinear_ir.retrieval import exact  # pylint: disable=g-import-not-at-top
   variables = {"params": params}
   n_docs = _num_rows(d_feats)
   k = min(k, n_docs)
@@ -217,25 +218,6 @@ def evaluate_scorer(module: nn.Module, params: Any, q_feats: Any, d_feats: Any,
   return evaluate_run(query_ids, doc_ids, idx, scores, qrels, measures)
 
 
-def hybrid_config():
-  """The sparse-dense hybrid `lam * dense + (1 - lam) * BM25` (bilinear_ir.retrieval.hybrid).
-
-  Fields:
-    depth: each system's top-n whose union is re-ranked.
-    normalize: "minmax" per query over the union, or "none".
-    grid: lam values tried on the dev split.
-    measure: the dev measure that picks lam.
-  """
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.retrieval import hybrid  # pylint: disable=g-import-not-at-top
-  c = ml_collections.ConfigDict()
-  c.depth = 100
-  c.normalize = "minmax"
-  c.grid = tuple(float(x) for x in hybrid.DEFAULT_GRID)
-  c.measure = "ndcg@10"
-  return c
-
-
 def evaluate_hybrid(module: nn.Module, params: Any, prepared, dev, test, cfg,
                     measures: Sequence[str] = DEFAULT_MEASURES) -> tuple[dict[str, Any], float,
                                                                          dict]:
@@ -245,12 +227,11 @@ def evaluate_hybrid(module: nn.Module, params: Any, prepared, dev, test, cfg,
     module, params: the dense scorer.
     prepared: `data.pipeline.Prepared` (embeddings, BM25 rankings and model).
     dev, test: `data.pipeline.Split`s.
-    cfg: `hybrid_config()`.
+    cfg: `defaults.hybrid_config()`.
 
   Returns:
     (test metrics `{"mean", "per_query"}`, the chosen lam, the test run).
   """
-  from bilinear_ir.retrieval import hybrid  # pylint: disable=g-import-not-at-top
   emb = prepared.embeddings
   variables = {"params": params}
   pair = jax.jit(lambda q, d: module.apply(variables, q, d, method=module.score_pairs))

@@ -26,7 +26,7 @@ import numpy as np
 
 from bilinear_ir import scorers
 from bilinear_ir.errors import require
-from bilinear_ir.eval.report import Report, markdown_table
+from bilinear_ir.jobs.report import Report, markdown_table
 from bilinear_ir.synthetic import feasibility, task, training
 
 WDP_INITS = ("ones", "uniform")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bilinear_ir.errors import InputError
-from bilinear_ir.scorers import late_interaction, registry
+from bilinear_ir.scorers import registry, token_interaction
 from conftest import jit_apply, perturbed_params
 
 N_DIM, TQ, TD, B, N = 8, 5, 7, 3, 6
@@ -232,7 +232,7 @@ def test_knrm_features_by_hand():
   per_token = [-0.5, -4.5, np.log(2) - 12.5, -4.5, -0.5, -0.5, -4.5, -12.5, clamp, clamp, 0.0]
   unit = q / np.linalg.norm(q, axis=-1, keepdims=True)
   s = np.einsum("bip,bjp->bij", unit, d / np.linalg.norm(d, axis=-1, keepdims=True))
-  phi = np.asarray(late_interaction.knrm_features(jnp.asarray(s), qm, dm))
+  phi = np.asarray(token_interaction.knrm_features(jnp.asarray(s), qm, dm))
   np.testing.assert_allclose(phi[0], 2 * np.array(per_token), rtol=1e-5, atol=1e-5)
   # The scorer: w^T phi with cosine similarities.
   module = registry.build("knrm", dim=2, query_len=3, doc_len=3)
@@ -242,7 +242,7 @@ def test_knrm_features_by_hand():
 
 
 def _knrm_np(w, q, qm, d, dm):
-  mus, sigmas = np.array(late_interaction.KNRM_MUS), np.array(late_interaction.KNRM_SIGMAS)
+  mus, sigmas = np.array(token_interaction.KNRM_MUS), np.array(token_interaction.KNRM_SIGMAS)
   out = np.zeros((len(q), len(d)))
   for b in range(len(q)):
     for n in range(len(d)):

@@ -9,7 +9,7 @@ Protocol (re-ranking, as the LITE paper's MS MARCO / NQ evaluation): each dev an
 `rerank.bm25_depth` BM25 candidates plus `rerank.random_docs` docs drawn uniformly (from the
 config seed) among the rest of the corpus. Unlike the paper, judged positives are NOT added: a
 positive is a candidate only if BM25 or the random draw put it there, so the candidate set does not
-depend on the judgements (`rerank_candidates` never sees them) and the metrics are those of a real
+depend on the judgements (`retrieval.candidates.rerank_candidates` never sees them) and the metrics are those of a real
 two-stage system.
 
 Rows (`config.rows`, each a name of `config.models` or "dot" / "hybrid"):
@@ -27,8 +27,8 @@ similarity trained on the pooled embeddings (the bilinear table's recipe), which
 dev (or the one `config.distill.teacher` names). Model selection uses the dev split only.
 
 Per row: metrics, bytes per stored document (in `config.storage.dtype`) and the latency of
-scoring 1 query x `config.latency.docs` stored docs (`eval.latency`, as benchmarks/
-late_interaction.py), measured in the same run.
+scoring 1 query x `config.latency.docs` stored docs (`retrieval.latency`, as benchmarks/
+late_interaction_latency.py), measured in the same run.
 """
 from __future__ import annotations
 
@@ -42,66 +42,27 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bilinear_ir import progress
 from bilinear_ir import scorers
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
-from bilinear_ir.eval import latency
-from bilinear_ir.eval import ranking
-from bilinear_ir.eval import report
+from bilinear_ir.jobs import common
+from bilinear_ir.jobs import report
+from bilinear_ir.jobs import validation
+from bilinear_ir.retrieval import candidates as candidates_lib
 from bilinear_ir.retrieval import hybrid
-from bilinear_ir.scorers import late_interaction as li_scorers  # noqa: F401  (registers them)
+from bilinear_ir.retrieval import latency
+from bilinear_ir.retrieval import ranking
 from bilinear_ir.scorers import multivector
+from bilinear_ir.scorers import token_interaction
+from bilinear_ir.train import teachers as teacher_lib
 from bilinear_ir.train import trainer
 
 TOKEN_SCORERS = ("colbert", "mebert", "lite", "lite_flat", "knrm")
 TEACHERS = ("bm25", "bilinear", "best")
 SPLITS = ("dev", "test")
 PAPER_A4 = {"colbert": 0.112, "lite": 0.188}  # frozen encoders, MS MARCO dev MRR@10
-
-
-def rerank_candidates(bm25_idx: np.ndarray, query_rows: np.ndarray, num_docs: int,
-                      bm25_depth: int, random_docs: int, seed: int) -> np.ndarray:
-  """Re-ranking candidates: BM25 top-n plus random docs from the rest, no judged docs added.
-
-  The draw for query row r comes from `np.random.default_rng([seed, 7, r])`, so a query's
-  candidates do not depend on which other queries are asked for.
-
-  Args:
-    bm25_idx: [Q_all, K] BM25 doc rows per query row, best first.
-    query_rows: [Q] the query rows wanted.
-    num_docs: N, docs in the collection.
-    bm25_depth: n, BM25 candidates kept (at most K).
-    random_docs: docs drawn without replacement among the N - n others (fewer if the corpus is
-      smaller).
-
-  Returns:
-    [Q, n + random_docs] int64 doc rows: the BM25 top-n in BM25 order, then the random docs in
-    ascending order; -1 pads a row the corpus cannot fill.
-  """
-  width = bm25_depth + random_docs
-  out = np.full((len(query_rows), width), -1, np.int64)
-  for i, r in enumerate(np.asarray(query_rows)):
-    top = np.asarray(bm25_idx[r][:bm25_depth], np.int64)
-    top = top[top >= 0]
-    rest = np.setdiff1d(np.arange(num_docs), top)
-    rng = np.random.default_rng([seed, 7, int(r)])
-    drawn = np.sort(rng.choice(rest, size=min(random_docs, len(rest)), replace=False))
-    row = np.concatenate([top, drawn])
-    out[i, :len(row)] = row
-  return out
-
-
-def candidate_recall(cands: np.ndarray, query_ids: list[str], doc_ids: list[str],
-                     qrels: dict[str, dict[str, int]]) -> float:
-  """Share of the judged-relevant (query, doc) pairs that are among the candidates: [Q, K] -> ."""
-  found = total = 0
-  for i, q in enumerate(query_ids):
-    have = {doc_ids[d] for d in cands[i] if d >= 0}
-    rel = [d for d, g in qrels.get(q, {}).items() if g > 0]
-    total += len(rel)
-    found += sum(d in have for d in rel)
-  return found / max(total, 1)
 
 
 @dataclasses.dataclass
@@ -113,7 +74,7 @@ class Setting:
     splitset: train / dev / test.
     tokens: token-level embeddings (queries [Q, Tq, n], docs [N, Td, n], float16 + masks).
     rows: {"dev", "test"} -> [Q_s] query rows (of `prepared.embeddings.query_ids`).
-    cands: {"dev", "test"} -> [Q_s, K] candidates (`rerank_candidates`).
+    cands: {"dev", "test"} -> [Q_s, K] candidates (`candidates.rerank_candidates`).
     bm25: {"dev", "test"} -> [Q_s, K] exact BM25 scores of the candidates.
     measures: reported measures.
   """
@@ -157,7 +118,7 @@ def build_setting(config: ml_collections.ConfigDict) -> Setting:
   rows, cands, bm25 = {}, {}, {}
   for name in SPLITS:
     r = prepared.query_row_index(getattr(splitset, name).query_ids)
-    c = rerank_candidates(prepared.bm25_idx, r, prepared.collection.num_docs,
+    c = candidates_lib.rerank_candidates(prepared.bm25_idx, r, prepared.collection.num_docs,
                           config.rerank.bm25_depth, config.rerank.random_docs, config.seed)
     safe = np.where(c < 0, 0, c)
     b = prepared.bm25_pair_scores(np.repeat(r, c.shape[1]), safe.reshape(-1)).reshape(c.shape)
@@ -241,7 +202,7 @@ def score_dense(setting: Setting, module, params, feats: Callable[[np.ndarray], 
 def eval_module(module, setting: Setting):
   """The scorer for re-ranking: late-interaction scorers score all K candidates of a query in
   one chunk (`doc_chunk = K`; [1, K, Tq, L2'] intermediates), training keeps the module's own."""
-  if isinstance(module, li_scorers.LateInteraction):
+  if isinstance(module, token_interaction.LateInteraction):
     return module.clone(doc_chunk=int(setting.cands["test"].shape[1]))
   return module
 
@@ -306,15 +267,8 @@ def row_train_config(config, name: str) -> ml_collections.ConfigDict:
 # Teachers.
 
 
-def bm25_teacher(prepared: pipeline.Prepared) -> np.ndarray:
-  """[Q_all, N] float32 exact BM25 scores of every (query row, doc row)."""
-  qids = prepared.embeddings.query_ids
-  qv = prepared.bm25.query_vectors([prepared.collection.queries[q] for q in qids])
-  return np.asarray((qv @ prepared.bm25.doc_vectors.T).toarray(), np.float32)
-
-
 def bilinear_teacher(setting: Setting, config) -> tuple[np.ndarray, Any, Any]:
-  """Trains `config.teacher.model` on the pooled embeddings (`trainer.train_and_evaluate`).
+  """Trains `config.teacher.model` on the pooled embeddings (`jobs.common.train_and_evaluate`).
 
   Returns:
     ([Q_all, N] float32 teacher scores, module, params).
@@ -324,44 +278,50 @@ def bilinear_teacher(setting: Setting, config) -> tuple[np.ndarray, Any, Any]:
   with c.unlocked():
     c.model = copy.deepcopy(config.teacher.model)
     c.train = copy.deepcopy(config.teacher.train)
-  out = trainer.train_and_evaluate(c, prepared, setting.splitset, progress=False)
-  module = trainer.build_model(c.model, prepared.dim)
+  out = common.train_and_evaluate(c, prepared, setting.splitset, progress=False)
+  module = scorers.from_config(c.model, prepared.dim)
   emb = prepared.embeddings
-  scores = jax.jit(lambda p, q, d: module.apply({"params": p}, q, d, method=module.score_all))(
-      out["params"], emb.queries, emb.docs)
-  return np.asarray(scores, np.float32), module, out["params"]
-
-
-def teacher_scale(teacher: np.ndarray, bm25_idx: np.ndarray, depth: int) -> float:
-  """Mean over queries of the std of the teacher's scores of its BM25 top-`depth`: [Q, N] -> ."""
-  top = bm25_idx[:, :depth]
-  vals = np.take_along_axis(teacher, np.where(top < 0, 0, top), 1)
-  return max(float(np.mean(np.std(vals, axis=1))), 1e-6)
+  return (teacher_lib.scorer_teacher(module, out["params"], emb.queries, emb.docs), module,
+          out["params"])
 
 
 # ----------------------------------------------------------------------------------------------
 # The job.
 
 
-def _check(config) -> None:
-  require(not config.data.folds or config.data.folds <= 1,
-          "the late_interaction job uses one train/dev/test split, not folds",
-          field="data.folds")
-  require(config.rerank.bm25_depth >= 1, "must be >= 1", field="rerank.bm25_depth")
-  require(config.rerank.random_docs >= 0, "must be >= 0", field="rerank.random_docs")
-  require(config.latency.docs >= 1 and config.latency.repeats >= 1, "must be >= 1",
-          field="latency.docs")
-  require(config.distill.teacher in TEACHERS,
-          f"must be one of {TEACHERS}, got {config.distill.teacher!r}", field="distill.teacher")
+def validate(config) -> None:
+  """Refuses a bad config before any work (`jobs.validation`)."""
+  validation.integer(config.seed, "seed", 0)
+  validation.check_data(config.data)
+  validation.one_of(config.data.folds, (0,), "data.folds")
+  validation.check_encoder(config.encoder)
+  validation.check_bm25(config.bm25)
+  validation.integer(config.rerank.bm25_depth, "rerank.bm25_depth", 1)
+  validation.integer(config.rerank.random_docs, "rerank.random_docs", 0)
+  validation.check_train(config.train)
+  for name in config.train_overrides:
+    require(name in config.models, f"unknown row {name!r}", field="train_overrides")
+    validation.check_train(row_train_config(config, name), f"train_overrides.{name}")
+  validation.check_hybrid(config.hybrid)
+  validation.check_eval(config.eval)
+  validation.one_of(config.storage.dtype, ("float32", "float16", "bfloat16"), "storage.dtype")
+  validation.integer(config.latency.docs, "latency.docs", 1)
+  validation.integer(config.latency.repeats, "latency.repeats", 1)
+  validation.integer(config.latency.rounds, "latency.rounds", 1)
+  validation.one_of(config.distill.teacher, TEACHERS, "distill.teacher")
   for loss in config.distill.losses:
-    require(loss in trainer.DISTILLATION_LOSSES,
-            f"must be in {trainer.DISTILLATION_LOSSES}, got {loss!r}", field="distill.losses")
+    validation.one_of(loss, trainer.DISTILLATION_LOSSES, "distill.losses")
+  real = validation.real
+  real(config.distill.teacher_temperature, "distill.teacher_temperature", 0.0, low_open=True)
   for name in config.rows:
     require(name in ("dot", "hybrid") or name in config.models,
             f"unknown row {name!r}: not 'dot', 'hybrid' or a name of config.models",
             field="rows")
   for name in config.distill.scorers:
     require(name in config.models, f"unknown model {name!r}", field="distill.scorers")
+  if config.distill.scorers and config.distill.teacher in ("bilinear", "best"):
+    validation.check_model(config.teacher.model, "teacher.model")
+    validation.check_train(config.teacher.train, "teacher.train")
   for name in config.models:  # traces each scorer's setup (its checks) without computing
     module = build_row_model(config, name, 8)[0]
     jax.eval_shape(functools.partial(scorers.init_params, module), jax.random.key(0))
@@ -369,8 +329,6 @@ def _check(config) -> None:
 
 def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
   """The `late_interaction` job (configs/late_interaction.py)."""
-  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  _check(config)
   setting = build_setting(config)
   prepared = setting.prepared
   emb = prepared.embeddings
@@ -408,7 +366,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       teachers["bilinear"] = {"metrics": scored.test["mean"], "dev": scored.dev,
                               "model": config.teacher.model.scorer}
     if config.distill.teacher in ("bm25", "best"):
-      teacher_scores["bm25"] = bm25_teacher(prepared)
+      teacher_scores["bm25"] = teacher_lib.bm25_teacher(prepared)
   teacher_name = None
   if teacher_scores:
     teacher_name = (config.distill.teacher if config.distill.teacher != "best" else
@@ -416,7 +374,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
 
   work = [r for r in config.rows if r != "hybrid"]
   total = len(work) + len(config.distill.scorers) * len(config.distill.losses)
-  bar = tqdm(total=total, desc="rows", unit="row")
+  bar = progress.bar(total, "rows", unit="row")
   for name in work:
     if name == "dot":
       dot = scorers.build("dot", dim=emb.docs.shape[1])
@@ -432,7 +390,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     bar.update(1)
   if teacher_name is not None:  # the teacher and its temperature are the same for every row
     t = teacher_scores[teacher_name]
-    teacher_temperature = float(config.distill.teacher_temperature) * teacher_scale(
+    teacher_temperature = float(config.distill.teacher_temperature) * teacher_lib.teacher_scale(
         t, prepared.bm25_idx, config.rerank.bm25_depth)
   for name in config.distill.scorers:
     for loss in config.distill.losses:
@@ -468,9 +426,9 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       "candidates": {"bm25_depth": int(config.rerank.bm25_depth),
                      "random_docs": int(config.rerank.random_docs),
                      "positives_injected": False,
-                     "recall": {s: candidate_recall(setting.cands[s], setting.split(s).query_ids,
-                                                    prepared.collection.doc_ids,
-                                                    setting.split(s).qrels) for s in SPLITS}},
+                     "recall": {s: candidates_lib.candidate_recall(
+                         setting.cands[s], setting.split(s).query_ids,
+                         prepared.collection.doc_ids, setting.split(s).qrels) for s in SPLITS}},
       "tokens": {"query_len": int(config.encoder.query_max_length), "doc_len": _doc_len(config),
                  "dim": int(setting.tokens.docs.shape[-1]),
                  "doc_tokens_truncated": _truncated_share(setting.tokens.doc_mask)},

@@ -47,7 +47,9 @@ from typing import Sequence
 
 import numpy as np
 import scipy.sparse as sp
+import tokenizers
 
+from bilinear_ir.data import embeddings
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import require
 
@@ -80,9 +82,7 @@ def _stemmer(language: str):
 def _wordpiece(model_dir: str):
   """The WordPiece tokenizer (`tokenizers`, the backend of transformers' BertTokenizerFast) of a
   BERT folder ("" = all-MiniLM-L6-v2 of the installed package), without truncation."""
-  import tokenizers  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.data.embeddings import default_model_dir  # pylint: disable=g-import-not-at-top
-  path = model_dir or default_model_dir()
+  path = model_dir or embeddings.default_model_dir()
   spec, vocab = os.path.join(path, "tokenizer.json"), os.path.join(path, "vocab.txt")
   try:
     if os.path.exists(spec):

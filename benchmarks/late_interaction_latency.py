@@ -1,7 +1,7 @@
 """Latency and storage of scoring 1 query x 100 docs (the LITE paper's Table 3 layout).
 
-    python benchmarks/late_interaction.py                     # Tq 32, Td 180, n 384, 100 docs
-    python benchmarks/late_interaction.py --tq 8 --td 24 --dim 32 --docs 10 --m2 64 --m1 16 \
+    python benchmarks/late_interaction_latency.py                     # Tq 32, Td 180, n 384, 100 docs
+    python benchmarks/late_interaction_latency.py --tq 8 --td 24 --dim 32 --docs 10 --m2 64 --m1 16 \
         --small_tokens 8 --small_m2 32 --repeats 3            # smoke run
 
 Scorers (random parameters and random token vectors: latency does not depend on the values):
@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bilinear_ir import allocator, files, scorers
-from bilinear_ir.eval.latency import de_case, hardware, late_case, mebert_case, timed
-from bilinear_ir.scorers import late_interaction, multivector  # noqa: F401  (registers them)
+from bilinear_ir.retrieval.latency import de_case, hardware, late_case, mebert_case, timed
+from bilinear_ir.scorers import multivector, token_interaction  # noqa: F401  (registers them)
 
 PAPER_MS = {"DE": 42, "ColBERT": 62, "LITE": 111, "small LITE": 56}  # LITE paper Table 3
 

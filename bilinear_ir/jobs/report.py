@@ -2,6 +2,7 @@
 
 Jobs never write results themselves; `main` writes `config.json`, `results.json`, `results.md`
 and `<name>.png` for each figure only after the job returned, each through a temp file + rename.
+The table helpers (`fmt`, `markdown_table`) are the ones every job's markdown uses.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The `lowrank_analysis` job: SVD truncation of a trained full bilinear W (paper 000, section 5).
 
-For each frozen embedding of the bilinear table (`eval.table.EMBEDDINGS`) and each training seed,
+For each frozen embedding of the bilinear table (`defaults.EMBEDDINGS`) and each training seed,
 the full bilinear `W` [n, n] is trained with the table's recipe (`config.train` +
 `config.train_overrides`, selected on the dev split carved out of train) and then only analysed:
 
@@ -28,14 +28,16 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from bilinear_ir import defaults
 from bilinear_ir import lowrank
 from bilinear_ir import scorers
+from bilinear_ir import progress
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
-from bilinear_ir.eval import ranking
-from bilinear_ir.eval import report
-from bilinear_ir.eval import table
-from bilinear_ir.train import trainer
+from bilinear_ir.jobs import common
+from bilinear_ir.jobs import report
+from bilinear_ir.jobs import validation
+from bilinear_ir.retrieval import ranking
 
 # Paper 000, section 5 (MS MARCO, n = 768, MRR@10): share of the full W's MRR@10 per rank, and
 # the spectrum of its learned W.
@@ -45,6 +47,7 @@ PAPER = {"collection": "MS MARCO", "n": 768, "measure": "mrr@10",
          "params": {96: 73_728, "full": 589_824},
          "sigma_first": 5.467, "sigma_last": 0.0004,
          "gains": {"2->16": 1.35, "16->64": 0.75, "96->full": 0.25}}
+_FULL_W = {"scorer": "bilinear", "rank": None, "residual": None}
 PROCEDURE = ("SVD truncation W_r of one trained full W per embedding and seed (the paper's Fig. 1 "
              "procedure); not the reproduce_table job's low-rank rows, which train P Q^T at each "
              "rank")
@@ -53,81 +56,6 @@ PROCEDURE = ("SVD truncation W_r of one trained full W per embedding and seed (t
 def evaluated_ranks(ranks: Sequence[int], n: int, extra: Sequence[int] = ()) -> list[int]:
   """Sorted distinct ranks in [1, n] from `ranks` and `extra`, always with r = n (W_r = W)."""
   return sorted({int(r) for r in (*ranks, *extra) if 1 <= int(r) <= n} | {n})
-
-
-def pointwise_pairs(top_idx: np.ndarray, num_docs: int, random_docs: int,
-                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """The (query, doc) pairs of the Theorem 3 checks.
-
-  Args:
-    top_idx: [Q, k] each query's top docs (doc rows) under the full W.
-    num_docs: N.
-    random_docs: docs per query drawn uniformly, without replacement, from the docs outside its
-      top k (fewer if fewer are left).
-    rng: host-side generator (from the seed).
-
-  Returns:
-    (query positions [M] in 0..Q-1, doc rows [M], is_top [M] bool), M = Q (k + random_docs).
-  """
-  q_pos, d_rows, is_top = [], [], []
-  for i, top in enumerate(np.asarray(top_idx)):
-    rest = np.setdiff1d(np.arange(num_docs), top)
-    rand = rng.choice(rest, size=min(random_docs, rest.size), replace=False)
-    q_pos += [i] * (top.size + rand.size)
-    d_rows += list(top) + list(rand)
-    is_top += [True] * top.size + [False] * rand.size
-  return (np.asarray(q_pos, np.int64), np.asarray(d_rows, np.int64), np.asarray(is_top, bool))
-
-
-def score_gap(W: np.ndarray, P: np.ndarray, Q: np.ndarray, q: np.ndarray, d: np.ndarray
-              ) -> np.ndarray:
-  """`|q^T W d - (q P) . (d Q)|` in float64 for paired q [M, n], d [M, n]; W [n, n], P, Q [n, r].
-
-  The exact gap between the scores of the stored float32 models (full and low-rank scorer);
-  float64 keeps the arithmetic's own rounding out of the check.
-  """
-  q, d = np.asarray(q, np.float64), np.asarray(d, np.float64)
-  full = np.einsum("bi,bi->b", q @ np.asarray(W, np.float64), d)
-  low = np.einsum("br,br->b", q @ np.asarray(P, np.float64), d @ np.asarray(Q, np.float64))
-  return np.abs(full - low)
-
-
-def check_theorem3(W: np.ndarray, S: np.ndarray, factors: dict[str, Any], rank: int,
-                   q: np.ndarray, d: np.ndarray, is_top: np.ndarray, tolerance: float
-                   ) -> dict[str, float]:
-  """Theorem 3 on paired q [M, n], d [M, n] for W_r = P Q^T (`factors` {"P", "Q"} [n, r]).
-
-  A check passes when `err <= sigma_{r+1} |q| |d| + tolerance * sigma_1 |q| |d|` (the slack
-  covers the float32 SVD factors). The ratio err / bound is taken where the bound is > 0.
-
-  Returns:
-    Sums over the M checks: {"checks", "violations", "ratio_sum", "ratio_count", "ratio_max",
-    "ratio_sum_top", "ratio_count_top", "max_excess"} (`max_excess`: the largest
-    (err - bound) / (sigma_1 |q| |d|)).
-  """
-  scale = np.linalg.norm(np.asarray(q, np.float64), axis=1) * np.linalg.norm(
-      np.asarray(d, np.float64), axis=1)
-  err = score_gap(W, factors["P"], factors["Q"], q, d)
-  bound = float(lowrank.sigma_next(jnp.asarray(S), rank)) * scale
-  ok = err <= bound + tolerance * float(S[0]) * scale
-  pos = bound > 0
-  ratio = err[pos] / bound[pos]
-  return {"checks": int(err.size), "violations": int(np.sum(~ok)),
-          "ratio_sum": float(np.sum(ratio)), "ratio_count": int(ratio.size),
-          "ratio_max": float(np.max(ratio)) if ratio.size else 0.0,
-          "ratio_sum_top": float(np.sum(ratio[is_top[pos]])),
-          "ratio_count_top": int(np.sum(is_top[pos])),
-          "max_excess": float(np.max((err - bound) / (float(S[0]) * scale)))}
-
-
-def witness_ratio(W: np.ndarray, decomposition: lowrank.SVD, factors: dict[str, Any],
-                  rank: int) -> float | None:
-  """err / bound at Theorem 3's tightness witness (u_{r+1}, v_{r+1}); None for r = n."""
-  if rank >= W.shape[0]:
-    return None
-  wq, wd = lowrank.tightness_witness(decomposition, rank)
-  err = score_gap(W, factors["P"], factors["Q"], np.asarray(wq)[None], np.asarray(wd)[None])[0]
-  return float(err / float(decomposition.S[rank]))
 
 
 def select_ranks(S: np.ndarray, cfg) -> list[dict[str, Any]]:
@@ -177,9 +105,9 @@ def analyze(W: np.ndarray, prepared: pipeline.Prepared, splitset: pipeline.Split
   if config.pointwise.top_docs:
     top_idx, _ = ranking.score_topk(full_module, full_params, q_test, emb.docs,
                                     config.pointwise.top_docs)
-  q_pos, d_rows, is_top = pointwise_pairs(top_idx, emb.docs.shape[0],
-                                          config.pointwise.random_docs,
-                                          np.random.default_rng([seed, 3]))
+  q_pos, d_rows, is_top = lowrank.pointwise_pairs(top_idx, emb.docs.shape[0],
+                                                  config.pointwise.random_docs,
+                                                  np.random.default_rng([seed, 3]))
   q, d = q_test[q_pos], np.asarray(emb.docs)[d_rows]
 
   decomposition = lowrank.svd(jnp.asarray(W))
@@ -189,9 +117,9 @@ def analyze(W: np.ndarray, prepared: pipeline.Prepared, splitset: pipeline.Split
     factors = dict(zip(("P", "Q"), lowrank.truncate(jnp.asarray(W), r, decomposition)))
     module = scorers.build("lowrank", dim=n, rank=r, residual="none")
     by_rank[r] = {name: evaluate(module, factors, split) for name, split in splits.items()}
-    by_rank[r]["pointwise"] = check_theorem3(W, S, factors, r, q, d, is_top,
-                                             config.pointwise.tolerance)
-    by_rank[r]["witness"] = witness_ratio(W, decomposition, factors, r)
+    by_rank[r]["pointwise"] = lowrank.check_theorem3(W, S, factors, r, q, d, is_top,
+                                                     config.pointwise.tolerance)
+    by_rank[r]["witness"] = lowrank.witness_ratio(W, decomposition, factors, r)
   return {"spectrum": S.astype(np.float64), "full": full, "by_rank": by_rank,
           "pairs": int(q_pos.size)}
 
@@ -288,35 +216,36 @@ def summarize(per_seed: list[dict[str, Any]], ranks: Sequence[int],
   }
 
 
+def validate(config) -> None:
+  """Refuses a bad config before any work (`jobs.validation`)."""
+  validation.check_table(config, hybrid_block=False)
+  validation.integers(config.ranks, "ranks", low=1)
+  validation.one_of(config.eval.mode, ("full",), "eval.mode")
+  validation.one_of(config.data.folds, (0,), "data.folds")
+  validation.real(config.data.dev_fraction, "data.dev_fraction", 0.0, 0.9, low_open=True)
+  validation.integer(config.pointwise.top_docs, "pointwise.top_docs", 0)
+  validation.integer(config.pointwise.random_docs, "pointwise.random_docs", 0)
+  require(config.pointwise.top_docs + config.pointwise.random_docs >= 1,
+          "pointwise.top_docs + pointwise.random_docs must be >= 1", field="pointwise")
+  validation.real(config.pointwise.tolerance, "pointwise.tolerance", 0.0)
+  for key in ("energy", "bound"):
+    for x in config.rank_selection[key]:
+      validation.real(x, f"rank_selection.{key}", 0.0, 1.0, low_open=True)
+  validation.real(config.rank_selection.share, "rank_selection.share", 0.0, 1.0, low_open=True)
+  validation.check_model(common.row_config(config, _FULL_W, 0).model)
+
+
 def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
   """The `lowrank_analysis` job (configs/lowrank_analysis.py)."""
-  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  for name in config.embeddings:
-    require(name in table.EMBEDDINGS, f"unknown embedding {name!r}; known: "
-            f"{sorted(table.EMBEDDINGS)}", field="embeddings")
-  require(len(config.embeddings) >= 1, "needs at least one embedding", field="embeddings")
-  require(len(config.seeds) >= 1, "needs at least one seed", field="seeds")
-  require(all(int(r) >= 1 for r in config.ranks), f"ranks must be >= 1, got {config.ranks}",
-          field="ranks")
-  require(config.eval.mode == "full", "the truncations are ranked over the full corpus; set "
-          f"eval.mode to 'full', got {config.eval.mode!r}", field="eval.mode")
-  require(not config.data.folds or config.data.folds <= 1,
-          "needs one train / dev / test split, not folds", field="data.folds")
-  require(config.pointwise.top_docs >= 0 and config.pointwise.random_docs >= 0 and
-          config.pointwise.top_docs + config.pointwise.random_docs >= 1,
-          "pointwise.top_docs + pointwise.random_docs must be >= 1 (each >= 0)",
-          field="pointwise")
-  require(config.pointwise.tolerance >= 0, "must be >= 0", field="pointwise.tolerance")
-  spec = {"scorer": "bilinear", "rank": None, "residual": None}
   out, info = {}, {}
-  bar = tqdm(total=len(config.embeddings) * len(config.seeds), desc="full W", unit="model")
-  for emb_name, cfg, prepared, splitset in table.embeddings_of(config):
+  bar = progress.bar(len(config.embeddings) * len(config.seeds), "full W", unit="model")
+  for emb_name, cfg, prepared, splitset in common.embeddings_of(config):
     require(len(splitset.dev.query_ids) > 0, "rank selection needs a dev split; set "
             "data.dev_fraction > 0", field="data.dev_fraction")
     trained = []
     for seed in config.seeds:
-      model_cfg = table.model_config(cfg, spec, seed)
-      res = trainer.train_and_evaluate(model_cfg, prepared, splitset, progress=False)
+      model_cfg = common.row_config(cfg, _FULL_W, seed)
+      res = common.train_and_evaluate(model_cfg, prepared, splitset, progress=False)
       trained.append((seed, np.asarray(res["params"]["W"], np.float32), res["best_step"]))
       bar.update(1)
     spectra = [np.asarray(lowrank.spectrum(jnp.asarray(W)), np.float64) for _, W, _ in trained]
@@ -324,7 +253,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     ranks = evaluated_ranks(config.ranks, prepared.dim, [s["rank"] for s in selections])
     per_seed = [analyze(W, prepared, splitset, cfg, ranks, seed) for seed, W, _ in trained]
     res = summarize(per_seed, ranks, selections, cfg)
-    pooling, normalize = table.EMBEDDINGS[emb_name]
+    pooling, normalize = defaults.EMBEDDINGS[emb_name]
     res.update(pooling=pooling, normalize=normalize, seeds=list(config.seeds),
                best_steps=[b for _, _, b in trained],
                distance_from_identity=_mean([
@@ -393,7 +322,7 @@ def markdown(results: dict[str, Any], config) -> str:
                      else f"{pw['error_over_bound_mean']:.3g}",
                      "-" if pw["error_over_bound_max"] is None
                      else f"{pw['error_over_bound_max']:.3g}"])
-    pooling, normalize = table.EMBEDDINGS[emb]
+    pooling, normalize = defaults.EMBEDDINGS[emb]
     out.append(f"\n## {emb}: {pooling} pooling, "
                f"{'L2-normalised' if normalize else 'unnormalised'}, n = {n}\n\n")
     out.append(report.markdown_table(rows, header))

@@ -1,6 +1,6 @@
 """The Mixture-of-Logits job (paper 003) on one collection: MoL next to the bilinear table's rows.
 
-For each frozen embedding of the bilinear table (`eval.table.EMBEDDINGS`: "mean" normalised,
+For each frozen embedding of the bilinear table (`defaults.EMBEDDINGS`: "mean" normalised,
 "cls" unnormalised), on the same collection, train / dev / test split and measures:
 
   * comparison rows trained with the table's recipe (`config.train` + `config.train_overrides`):
@@ -30,12 +30,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from bilinear_ir import defaults
+from bilinear_ir import progress
+from bilinear_ir import scorers
 from bilinear_ir.errors import require
-from bilinear_ir.eval import ranking
-from bilinear_ir.eval import report
-from bilinear_ir.eval import table
+from bilinear_ir.jobs import common
+from bilinear_ir.jobs import report
+from bilinear_ir.jobs import validation
 from bilinear_ir.retrieval import mol_topk
-from bilinear_ir.train import trainer
+from bilinear_ir.retrieval import ranking
 
 BASELINES = ("wdp", "bilinear")
 ALGORITHMS = ("brute_force", "exact_two_pass", "topk_per_embedding", "topk_avg", "comb_topk")
@@ -58,7 +61,7 @@ def mol_grid(config) -> list[dict[str, Any]]:
 def _row_config(config, spec: dict[str, Any], seed: int):
   """The train_eval-style config of one row and seed (MoL rows get `config.mol_train` too)."""
   if spec["scorer"] != "mol":
-    return table.model_config(config, {"rank": None, "residual": None, **spec}, seed)
+    return common.row_config(config, {"rank": None, "residual": None, **spec}, seed)
   c = copy.deepcopy(config)
   with c.unlocked():
     c.seed = seed
@@ -172,7 +175,7 @@ def _dev_mean(outs: list[dict[str, Any]], sel: str) -> float | None:
 def _unseen_mean(outs: list[dict[str, Any]], unseen: list[str], measure: str
                  ) -> dict[str, float]:
   """{measure: mean over seeds of its mean over the unseen-doc test queries}."""
-  return {measure: float(np.mean([table.subset_mean(o["per_query"], unseen, measure)
+  return {measure: float(np.mean([common.subset_mean(o["per_query"], unseen, measure)
                                   for o in outs]))}
 
 
@@ -183,39 +186,54 @@ def _best(items: list, dev_of) -> Any:
   return max(items, key=dev_of)
 
 
+def _specs(config) -> list[dict[str, Any]]:
+  return [{"scorer": b} for b in config.baselines] + mol_grid(config)
+
+
+def validate(config) -> None:
+  """Refuses a bad config before any work (`jobs.validation`)."""
+  validation.check_table(config, hybrid_block=False)
+  for name in config.baselines:
+    validation.one_of(name, BASELINES, "baselines")
+  validation.integers(config.components, "components", low=1)
+  require(len(config.mi_weights) >= 1, "needs at least one MoL configuration",
+          field="mi_weights")
+  for alpha in config.mi_weights:
+    validation.real(alpha, "mi_weights", 0.0)
+  validation.integer(config.gate_sample_docs, "gate_sample_docs", 1)
+  r = config.retrieval
+  validation.integer(r.k, "retrieval.k", 1)
+  validation.integer(r.max_range, "retrieval.max_range", 1)
+  for key in ("per_embedding", "avg", "comb_n1", "comb_n2"):
+    validation.integers(r[key], f"retrieval.{key}", low=1, nonempty=False)
+  require(len(r.comb_n1) == len(r.comb_n2),
+          "comb_n1 and comb_n2 pair up and need the same length", field="retrieval.comb_n1")
+  validation.integer(r.chunk, "retrieval.chunk", 1)
+  validation.integer(r.query_batch, "retrieval.query_batch", 1)
+  for spec in _specs(config):
+    validation.check_model(_row_config(config, spec, 0).model)
+  validation.check_train(_row_config(config, mol_grid(config)[0], 0).train, "mol_train")
+
+
 def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
   """The `mol` job (configs/mol.py)."""
-  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  for name in config.embeddings:
-    require(name in table.EMBEDDINGS, f"unknown embedding {name!r}; known: "
-            f"{sorted(table.EMBEDDINGS)}", field="embeddings")
-  for name in config.baselines:
-    require(name in BASELINES, f"unknown baseline {name!r}; known: {BASELINES}",
-            field="baselines")
-  require(len(config.seeds) >= 1, "needs at least one seed", field="seeds")
-  require(len(config.components) >= 1 and len(config.mi_weights) >= 1,
-          "needs at least one MoL configuration", field="components")
-  require(len(config.retrieval.comb_n1) == len(config.retrieval.comb_n2),
-          "comb_n1 and comb_n2 pair up and need the same length", field="retrieval.comb_n1")
-  specs = [{"scorer": b} for b in config.baselines] + mol_grid(config)
-  for spec in specs:
-    trainer.check_model_config(_row_config(config, spec, 0).model)
+  specs = _specs(config)
   measures = list(config.eval.measures)
   sel = config.train.select_metric
   rows, retrieval, unseen_counts = [], [], {}
-  bar = tqdm(total=len(config.embeddings) * len(specs) * len(config.seeds), desc="models",
-             unit="model")
+  bar = progress.bar(len(config.embeddings) * len(specs) * len(config.seeds), "models",
+                     unit="model")
   blank = {"p_q": None, "p_x": None, "d_p": None, "mi_weight": None}
-  for emb_name, cfg, prepared, splitset in table.embeddings_of(config):
+  for emb_name, cfg, prepared, splitset in common.embeddings_of(config):
     test = splitset.test
     base = {"embedding": emb_name, "mode": cfg.eval.mode}
     zero = {m: 0.0 for m in measures}
-    unseen = table.unseen_doc_queries(prepared.collection, cfg.data.train_split, test)
+    unseen = common.unseen_doc_queries(prepared.collection, cfg.data.train_split, test)
     unseen_counts[emb_name] = len(unseen)
     unseen_mean = lambda outs: _unseen_mean(outs, unseen, measures[0])
 
-    dot = trainer.train_and_evaluate(_row_config(cfg, {"scorer": "dot"}, cfg.seed), prepared,
-                                     splitset, progress=False)
+    dot = common.train_and_evaluate(_row_config(cfg, {"scorer": "dot"}, cfg.seed), prepared,
+                                    splitset, progress=False)
     rows.append({**base, "scorer": "dot", **blank, "metrics": dot["metrics"], "std": zero,
                  "dev": {sel: _dev_mean([dot], sel)}, "seeds": 1,
                  "unseen_docs": unseen_mean([dot])})
@@ -231,9 +249,9 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       outs, entropies = [], []
       for seed in config.seeds:
         rc = _row_config(cfg, spec, seed)
-        module = trainer.build_model(rc.model, prepared.dim)
+        module = scorers.from_config(rc.model, prepared.dim)
         # aux_loss="auto" (the default) adds MoL's L_MI (`train.losses.mi_loss`).
-        out = trainer.train_and_evaluate(rc, prepared, splitset, progress=False)
+        out = common.train_and_evaluate(rc, prepared, splitset, progress=False)
         outs.append(out)
         if spec["scorer"] == "mol":
           entropies.append(_mol_gates_sample(module, out["params"],
@@ -241,7 +259,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
                                              prepared.embeddings.docs,
                                              int(config.gate_sample_docs), seed))
         bar.update(1)
-      mean, std = table.aggregate([o["metrics"] for o in outs], measures)
+      mean, std = common.aggregate([o["metrics"] for o in outs], measures)
       dev_mean = _dev_mean(outs, sel)
       row = {**base, **blank, **spec, "metrics": mean, "std": std, "dev": {sel: dev_mean},
              "seeds": len(outs), "best_steps": [o["best_step"] for o in outs],
@@ -258,7 +276,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     best_row, best_outs = _best(mol_runs, lambda t: t[0]["dev"][sel])
     per_seed = []
     for seed, out in zip(config.seeds, best_outs):
-      module = trainer.build_model(_row_config(cfg, best_row, seed).model, prepared.dim)
+      module = scorers.from_config(_row_config(cfg, best_row, seed).model, prepared.dim)
       per_seed.append(retrieval_costs(module, out["params"],
                                       prepared.embeddings.queries[test_rows],
                                       prepared.embeddings.docs, config.retrieval))
@@ -303,14 +321,14 @@ def markdown(rows: list[dict[str, Any]], retrieval: list[dict[str, Any]],
     body = [[label(r)] + _cells(r, measures) + [f"{r['unseen_docs'][m0]:.4f}"]
             + ([f"{r['gate_entropy']:.3f} / {r['gate_cond_entropy']:.3f}"]
                if r["scorer"] == "mol" else ["-"]) for r in mine]
-    pooling, normalize = table.EMBEDDINGS[emb]
+    pooling, normalize = defaults.EMBEDDINGS[emb]
     out.append(f"\n## {emb}: {pooling} pooling, {'L2-normalised' if normalize else 'unnormalised'}"
                f" ({len(config.seeds)} seed{'s' if len(config.seeds) > 1 else ''}, test split)\n\n")
     out.append(report.markdown_table(
         body, ["model"] + measures + [f"{m0} unseen docs ({unseen_counts[emb]} q)",
                                       "H(p) / H(p\\|q,x)"]))
   out.append(f"\n*unseen docs*: {m0} on the test queries none of whose relevant docs is "
-             "relevant to a training query (`eval.table.unseen_doc_queries`: what a learned "
+             "relevant to a training query (`jobs.common.unseen_doc_queries`: what a learned "
              "similarity gains without learning which docs get cited).\n")
   out.append(f"\nH(p) / H(p|q,x): gate entropies (nats; max log P) of the test queries against "
              f"{config.gate_sample_docs} sampled docs, mean over seeds; L_MI = H(p|q,x) - H(p).\n")

@@ -4,7 +4,7 @@ Doc-side work is precomputed, as in the paper: each doc is first put in its scor
 (`encode_docs` for late interaction, `doc_vectors` for ME-BERT, one pooled vector for DE) in the
 storage dtype. A timed call is one jitted function of the raw query input that computes the query
 side and scores the K stored docs; query encoder (transformer) time is not included (it is the
-same for every scorer). Used by `benchmarks/late_interaction.py` (random inputs) and the
+same for every scorer). Used by `benchmarks/late_interaction_latency.py` (random inputs) and the
 `late_interaction` job (real SciFact tokens and trained params).
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from bilinear_ir import allocator
+from bilinear_ir import scorers
 
 
 def hardware() -> str:
@@ -70,7 +71,7 @@ def late_case(module: nn.Module, params: Any, q, qm, d, dm, dtype
   """A late-interaction scorer's timed call on stored docs.
 
   Args:
-    module, params: a `scorers.late_interaction.LateInteraction` scorer and its params.
+    module, params: a `scorers.token_interaction.LateInteraction` scorer and its params.
     q: [1, Tq, n] query tokens; qm: [1, Tq] mask.
     d: [K, Td, n] doc tokens; dm: [K, Td] mask.
     dtype: storage dtype of the stored docs.
@@ -121,7 +122,6 @@ def de_case(q, qm, docs, dtype) -> tuple[Callable[[], jnp.ndarray], int, int]:
   Returns:
     (call -> [1, K] scores, 1, n).
   """
-  from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
   de = scorers.build("dot", dim=docs.shape[-1])
   stored = jax.block_until_ready(jnp.asarray(docs).astype(dtype))
   score = jax.jit(lambda q, qm, docs: de.apply(

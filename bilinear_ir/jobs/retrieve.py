@@ -1,0 +1,170 @@
+"""The `retrieve` job: a saved model ranks a collection's queries through a doc-table index.
+
+    python -m bilinear_ir.main --config=configs/retrieve.py:model_dir=W/model --workdir=OUT
+
+Steps: load the model written by `train_eval` (`train.saved_model.load_model`; `model_dir=""` is the
+parameter-free dot product), the collection of `config.data` and its embeddings by the encoder the
+model was trained with; open the `DocIndex` under `config.index_dir` if it was built by this
+scorer, params, dtype and doc embeddings (else rebuild it); run the queries of `data.split`
+through `query_table` and exact top-k; return `run.trec` and, for a judged split, the metrics.
+
+Index reuse (`retrieval.serving.open_or_build`): `DocIndex` checks scorer, params hash and dtype,
+and `source.json` next to the manifest holds the SHA-256 of the doc embeddings and doc ids, so an
+index of another collection (or encoder) is never reused. A reused index is only read.
+
+Search (`retrieval.serving.search`): by default the index is streamed from its memory-mapped
+shards on one device. With `config.sharded` or `config.distributed`, each process loads its rows
+of the table, splits them over its local devices and every process's top-k is merged; one process
+is the same call on a laptop. Process 0 builds the index (every process must see `index_dir`);
+main writes the outputs on process 0 only.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import ml_collections
+
+from bilinear_ir import defaults
+from bilinear_ir import scorers
+from bilinear_ir.data import embeddings as embeddings_lib
+from bilinear_ir.data import loaders
+from bilinear_ir.errors import input_error, require
+from bilinear_ir.eval import metrics as metrics_lib
+from bilinear_ir.eval import trec
+from bilinear_ir.jobs import report
+from bilinear_ir.jobs import validation
+from bilinear_ir.retrieval import index as index_lib
+from bilinear_ir.retrieval import serving
+from bilinear_ir.scorers.base import TableScorer
+from bilinear_ir.train import saved_model
+ENCODER_FIELDS = defaults.ENCODER_FIELDS  # configs/retrieve.py leaves them None by default
+
+
+def resolve_encoder(encoder_cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None,
+                    where: str = "model.json") -> ml_collections.ConfigDict:
+  """The encoder block to embed with: the model's encoder, checked against the config.
+
+  Args:
+    encoder_cfg: `config.encoder`; a field of ENCODER_FIELDS that is None takes the model's
+      value (the `encoder_config()` default without a model); a set value must equal it.
+    meta: the saved model's meta (`load_model`), or None for the untrained dot product.
+    where: the meta file, for messages.
+
+  Returns:
+    A complete encoder block (its other fields, e.g. batch_size and cache_dir, from
+    `encoder_cfg`).
+  """
+  out = defaults.encoder_config()
+  trained = None
+  if meta is not None:
+    trained = meta.get("encoder")
+    if not isinstance(trained, dict) or any(f not in trained for f in ENCODER_FIELDS):
+      raise input_error(f"missing or incomplete (needs {list(ENCODER_FIELDS)})", file=where,
+                        field="encoder")
+  for field in ENCODER_FIELDS:
+    value = encoder_cfg.get(field)
+    if trained is not None:
+      if value is not None and value != trained[field]:
+        raise input_error(f"{value!r} differs from {trained[field]!r}, the encoder the model "
+                          f"was trained with ({where}); leave it unset", file="config",
+                          field=f"encoder.{field}")
+      value = trained[field]
+    if value is not None:
+      out[field] = value
+  out.update({f: v for f, v in encoder_cfg.items() if f not in ENCODER_FIELDS})
+  return out
+
+
+def dot_scorer(dim: int):
+  """(module, params) of the parameter-free dot product for width `dim` (`model_dir=""`)."""
+  return scorers.build("dot", dim=dim), {}
+
+
+def load_scorer(model_dir: str):
+  """(module, params, meta) of a table scorer saved by `train.saved_model.save_model`."""
+  module, params, meta = saved_model.load_model(model_dir)
+  if not isinstance(module, TableScorer):
+    raise input_error(f"scorer {meta['model'].get('scorer')!r} has no query/doc tables; the "
+                      "retrieve job serves table scorers (dot, wdp, bilinear, lowrank)",
+                      file=os.path.join(model_dir, "model.json"), field="model.scorer")
+  return module, params, meta
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Refuses a bad config before any work (`jobs.validation`)."""
+  validation.integer(config.k, "k", 1)
+  validation.integer(config.query_batch, "query_batch", 1)
+  validation.one_of(config.dtype, index_lib.DTYPES, "dtype")
+  validation.integer(config.shard_docs, "shard_docs", 1)
+  validation.check_data(config.data)
+  require(isinstance(config.model_dir, str), "must be a string", field="model_dir")
+  if config.model_dir and not os.path.isdir(config.model_dir):
+    raise input_error("no such model folder (a train_eval WORKDIR/model)",
+                      file=config.model_dir, field="model_dir")
+  for key in ("batch_size", "query_max_length", "doc_max_length"):
+    validation.integer(config.encoder[key], f"encoder.{key}", 0 if key == "doc_max_length" else 1)
+  for m in config.measures:
+    validation.measure(m, "measures")
+
+
+def run(config: ml_collections.ConfigDict, workdir: str):
+  """The `retrieve` job (see configs/retrieve.py and the module docstring)."""
+  k_asked = config.k
+  model_dir = os.path.abspath(config.model_dir) if config.model_dir else ""
+  # The model first: a bad model_dir fails before any data is read or embedded.
+  module, params, meta = load_scorer(model_dir) if model_dir else (None, {}, None)
+  encoder_cfg = resolve_encoder(config.encoder, meta, os.path.join(model_dir, "model.json"))
+  coll = loaders.load(config.data)
+  emb = embeddings_lib.embed_collection(coll, encoder_cfg)
+  dim = int(emb.docs.shape[1])
+  if meta is None:
+    module, params = dot_scorer(dim)
+  else:
+    require(meta["dim"] == dim, f"the model was trained on {meta['dim']}-d embeddings, the "
+            f"encoder gives {dim}-d", file=os.path.join(model_dir, "model.json"), field="dim")
+  split = config.data.split
+  if split:
+    query_ids = coll.split_query_ids(split)
+    qrels = coll.qrels[split]
+  else:
+    query_ids, qrels = sorted(coll.queries), None
+  k = min(k_asked, coll.num_docs)
+
+  index_dir = os.path.abspath(config.index_dir or os.path.join(workdir, "index"))
+  index, reused = serving.open_or_build(
+      index_dir, module, params, emb.docs, serving.source_of(emb.doc_ids, emb.docs),
+      dtype=config.dtype, shard_docs=config.shard_docs, rebuild=config.rebuild)
+  qt_fn = jax.jit(lambda q: module.apply({"params": params}, q, method=module.query_table))
+  ids, scores = serving.search(index, qt_fn, emb.query_rows(query_ids), k, batch=config.query_batch,
+                       sharded=config.sharded)
+  run_dict = trec.rank_arrays_to_run(query_ids, emb.doc_ids, ids, scores)
+  scorer = index.manifest["scorer"]
+  results: dict[str, Any] = {}
+  measures = list(config.measures)
+  if qrels is not None:
+    metrics = metrics_lib.evaluate(qrels, run_dict, measures)
+    results["metrics"] = metrics["mean"]
+  m = index.manifest
+  results.update({
+      "mode": "full", "queries": len(query_ids), "k": k, "scorer": scorer,
+      "model_dir": model_dir, "collection": coll.name, "split": split,
+      "index": {"path": index_dir, "reused": reused, "scorer": m["scorer"],
+                "scorer_config": m.get("scorer_config"), "params_sha256": m["params_sha256"],
+                "dtype": m["dtype"], "width": m["width"], "num_docs": m["num_docs"],
+                "shards": len(m["shards"])},
+      "search": {"sharded": bool(config.sharded), "processes": jax.process_count(),
+                 "local_devices": jax.local_device_count() if config.sharded else 1},
+  })
+  md = (f"# retrieve: {scorer} on {coll.name} ({split or 'all queries'}, exact top-{k})\n\n"
+        f"Index `{index_dir}` ({m['dtype']}, {m['num_docs']} docs x {m['width']}, "
+        f"{'reused' if reused else 'built'}).\n\n")
+  if qrels is not None:
+    md += report.markdown_table([[split, len(query_ids)] + [results["metrics"][x]
+                                                            for x in measures]],
+                                ["split", "queries"] + measures, digits=4)
+  else:
+    md += f"{len(query_ids)} queries ranked; no qrels, so no metrics.\n"
+  return report.Report(results=results, markdown=md,
+                       extra_files={"run.trec": trec.run_to_text(run_dict, scorer)})

@@ -1,0 +1,72 @@
+"""The `train_eval` job: one scorer trained on one collection and evaluated on its test split.
+
+Train on the train split minus a dev part (model selection), evaluate on the test split; with
+`data.folds = K`, K-fold cross-validation over the queries of `data.split`, every query scored
+once by the fold that held it out.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from bilinear_ir.data import pipeline
+from bilinear_ir.eval import trec
+from bilinear_ir.jobs import common
+from bilinear_ir.jobs import report
+from bilinear_ir.jobs import validation
+from bilinear_ir.train import saved_model
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Refuses a bad config before any work (`jobs.validation`)."""
+  validation.integer(config.seed, "seed", 0)
+  validation.check_data(config.data)
+  validation.check_encoder(config.encoder)
+  validation.check_bm25(config.bm25)
+  validation.check_model(config.model)
+  validation.check_train(config.train)
+  validation.check_eval(config.eval)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str):
+  """The `train_eval` job (see configs/train_eval.py). Writes the selected model to
+  `WORKDIR/model` (`WORKDIR/foldK/model` with folds), loadable with
+  `train.saved_model.load_model`."""
+  prepared = pipeline.prepare(config)
+  sets = pipeline.splits(prepared.collection, config.data, config.seed)
+  outs = []
+  for s in sets:
+    sub = os.path.join(workdir, s.name) if len(sets) > 1 else workdir
+    outs.append(common.train_and_evaluate(config, prepared, s, sub))
+    if jax.process_index() == 0:
+      saved_model.save_model(os.path.join(sub, "model"), config, prepared.dim,
+                             outs[-1]["params"])
+  measures = list(config.eval.measures)
+  header = ["split", "queries"] + measures
+  rows = []
+  if len(sets) == 1:
+    out = outs[0]
+    results = {"metrics": out["metrics"], "mode": out["mode"], "dev": out["dev"],
+               "best_step": out["best_step"], "history": out["history"],
+               "queries": len(sets[0].test.query_ids)}
+    rows.append([sets[0].test.name, len(sets[0].test.query_ids)]
+                + [out["metrics"][m] for m in measures])
+    run_dict = out["run"]
+  else:
+    folds = [{"fold": s.name, "queries": len(s.test.query_ids), "metrics": o["metrics"],
+              "dev": o["dev"], "best_step": o["best_step"]} for s, o in zip(sets, outs)]
+    mean = {m: float(np.mean([o["metrics"][m] for o in outs])) for m in measures}
+    std = {m: float(np.std([o["metrics"][m] for o in outs])) for m in measures}
+    results = {"metrics": mean, "std": std, "mode": outs[0]["mode"], "folds": folds}
+    rows += [[f["fold"], f["queries"]] + [f["metrics"][m] for m in measures] for f in folds]
+    rows.append(["mean", sum(f["queries"] for f in folds)] + [mean[m] for m in measures])
+    rows.append(["std", ""] + [std[m] for m in measures])
+    run_dict = {q: docs for o in outs for q, docs in o["run"].items()}
+  results.update(scorer=config.model.scorer, collection=prepared.collection.name)
+  md = (f"# train_eval: {config.model.scorer} on {prepared.collection.name} "
+        f"({results['mode']} ranking)\n\n" + report.markdown_table(rows, header, digits=4))
+  return report.Report(results=results, markdown=md,
+                       extra_files={"run.trec": trec.run_to_text(run_dict, config.model.scorer)})

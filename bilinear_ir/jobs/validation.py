@@ -1,0 +1,218 @@
+"""Checks of the shared config blocks, run by every job's `validate(config)` before any work.
+
+A bad value is an `InputError` naming the field (`config: field 'train.batch_size': must be an
+integer >= 1, got 0`), which `main` turns into exit code 2 and one line on stderr with nothing
+written. Each `check_<block>(c, prefix)` checks one block of `bilinear_ir.defaults`; `prefix` is
+where the block sits in the config (`"train"`, `"teacher.train"`).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from typing import Any, Sequence
+
+import jax
+
+from bilinear_ir import defaults
+from bilinear_ir import scorers
+from bilinear_ir.data import embeddings
+from bilinear_ir.data import loaders
+from bilinear_ir.data import sparse
+from bilinear_ir.errors import InputError
+from bilinear_ir.errors import input_error
+from bilinear_ir.errors import require
+from bilinear_ir.eval import metrics
+from bilinear_ir.retrieval import hybrid
+from bilinear_ir.retrieval import ranking
+from bilinear_ir.train import trainer
+
+
+def _is_int(x: Any) -> bool:
+  return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def integer(value: Any, field: str, low: int | None = None, high: int | None = None) -> None:
+  """`value` is an int in [low, high] (either bound may be None)."""
+  bounds = (f" >= {low}" if high is None else f" in [{low}, {high}]") if low is not None else (
+      f" <= {high}" if high is not None else "")
+  ok = _is_int(value) and (low is None or value >= low) and (high is None or value <= high)
+  require(ok, f"must be an integer{bounds}, got {value!r}", field=field)
+
+
+def real(value: Any, field: str, low: float | None = None, high: float | None = None,
+         low_open: bool = False) -> None:
+  """`value` is a finite number in [low, high] ((low, high] with `low_open`)."""
+  ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+  if ok and low is not None:
+    ok = value > low if low_open else value >= low
+  if ok and high is not None:
+    ok = value <= high
+  lo = "" if low is None else (f" > {low}" if low_open else f" >= {low}")
+  hi = "" if high is None else f" <= {high}"
+  require(ok, f"must be a finite number{lo}{' and' if lo and hi else ''}{hi}, got {value!r}",
+          field=field)
+
+
+def one_of(value: Any, choices: Sequence[Any], field: str) -> None:
+  """`value` is one of `choices`."""
+  require(value in tuple(choices), f"must be one of {', '.join(map(str, choices))}; got "
+          f"{value!r}", field=field)
+
+
+def integers(values: Any, field: str, low: int | None = None, nonempty: bool = True) -> None:
+  """`values` is a tuple of ints >= low (non-empty unless `nonempty` is False)."""
+  require(isinstance(values, (tuple, list)), f"must be a list of integers, got {values!r}",
+          field=field)
+  require(len(values) > 0 or not nonempty, "must not be empty", field=field)
+  for v in values:
+    integer(v, field, low)
+
+
+def measure(name: Any, field: str) -> None:
+  """`name` is a measure of `eval.metrics` (e.g. "ndcg@10")."""
+  try:
+    metrics.parse_measure(name)
+  except Exception as e:  # pylint: disable=broad-except
+    raise input_error(f"unknown measure {name!r}; known forms: {metrics.MEASURE_FORMS}",
+                      file="config", field=field) from e
+
+
+def seeds(values: Any, field: str = "seeds") -> None:
+  """A non-empty list of seeds >= 0."""
+  integers(values, field, low=0)
+
+
+def embedding_names(names: Any, field: str = "embeddings") -> None:
+  """Names of `defaults.EMBEDDINGS` ("mean", "cls")."""
+  require(isinstance(names, (tuple, list)) and len(names) > 0,
+          f"must be a non-empty list, got {names!r}", field=field)
+  for name in names:
+    require(name in defaults.EMBEDDINGS, f"unknown embedding {name!r}; known: "
+            f"{sorted(defaults.EMBEDDINGS)}", field=field)
+
+
+def check_data(c, prefix: str = "data") -> None:
+  """The `data` block: format, an existing path, splits, dev fraction, folds."""
+  one_of(c.format, loaders.FORMATS, f"{prefix}.format")
+  require(isinstance(c.path, str), "must be a string", field=f"{prefix}.path")
+  if c.path:
+    require(os.path.exists(c.path), f"no such file or folder: {c.path!r}", field=f"{prefix}.path")
+  elif c.format != "scifact":
+    raise input_error(f"format {c.format!r} needs a path (only scifact has an embedded copy)",
+                      file="config", field=f"{prefix}.path")
+  for key in ("train_split", "split"):
+    require(isinstance(c[key], str) and c[key] != "", "must be a split name",
+            field=f"{prefix}.{key}")
+  real(c.dev_fraction, f"{prefix}.dev_fraction", 0.0, 0.9)
+  integer(c.folds, f"{prefix}.folds", 0)
+  require(c.folds != 1, "must be 0 (no folds) or >= 2", field=f"{prefix}.folds")
+
+
+def check_encoder(c, prefix: str = "encoder") -> None:
+  """The `encoder` block: pooling, lengths, batch size."""
+  require(isinstance(c.model, str), "must be a string", field=f"{prefix}.model")
+  one_of(c.pooling, embeddings.POOLINGS, f"{prefix}.pooling")
+  require(isinstance(c.normalize, bool), "must be true or false", field=f"{prefix}.normalize")
+  integer(c.max_length, f"{prefix}.max_length", 2)
+  integer(c.query_max_length, f"{prefix}.query_max_length", 2)
+  integer(c.doc_max_length, f"{prefix}.doc_max_length", 0)
+  require(c.doc_max_length != 1, "must be 0 (= max_length) or >= 2",
+          field=f"{prefix}.doc_max_length")
+  integer(c.batch_size, f"{prefix}.batch_size", 1)
+
+
+def check_bm25(c, prefix: str = "bm25") -> None:
+  """The `bm25` block."""
+  real(c.k1, f"{prefix}.k1", 0.0)
+  real(c.b, f"{prefix}.b", 0.0, 1.0)
+  one_of(c.variant, sparse.BM25_VARIANTS, f"{prefix}.variant")
+  integer(c.depth, f"{prefix}.depth", 1)
+
+
+def check_model(c, prefix: str = "model") -> None:
+  """The `model` block: builds and initialises the scorer at a small width, so an unknown scorer
+  or option, or a bad rank, is refused before data is loaded."""
+  try:
+    scorers.init_params(scorers.from_config(c, 8), jax.random.key(0))
+  except InputError:
+    raise
+  except (TypeError, ValueError) as e:
+    raise input_error(f"the scorer cannot be built: {e}", file="config", field=prefix) from e
+
+
+def check_train(c, prefix: str = "train") -> None:
+  """The `train` block (see `defaults.train_config` for each field)."""
+  f = lambda key: f"{prefix}.{key}"
+  one_of(c.loss, trainer.LOSSES, f("loss"))
+  real(c.temperature, f("temperature"), 0.0, low_open=True)
+  real(c.teacher_temperature, f("teacher_temperature"), 0.0, low_open=True)
+  real(c.margin, f("margin"), 0.0)
+  integer(c.batch_size, f("batch_size"), 1)
+  integer(c.hard_negatives, f("hard_negatives"), 0)
+  integer(c.hard_depth, f("hard_depth"), 1)
+  integer(c.random_negatives, f("random_negatives"), 0)
+  integer(c.steps, f("steps"), 0)
+  integer(c.epochs, f("epochs"), 0)
+  require(c.steps > 0 or c.epochs > 0, "train.steps and train.epochs are both 0: no training",
+          field=f("epochs"))
+  real(c.lr, f("lr"), 0.0, low_open=True)
+  integer(c.warmup_steps, f("warmup_steps"), 0)
+  real(c.end_lr_fraction, f("end_lr_fraction"), 0.0, 1.0)
+  real(c.weight_decay, f("weight_decay"), 0.0)
+  real(c.l2_to_init, f("l2_to_init"), 0.0)
+  real(c.clip_norm, f("clip_norm"), 0.0, low_open=True)
+  integer(c.eval_every, f("eval_every"), 1)
+  measure(c.select_metric, f("select_metric"))
+  integer(c.checkpoint_every, f("checkpoint_every"), 1)
+  integer(c.keep_checkpoints, f("keep_checkpoints"), 1)
+  integer(c.steps_per_call, f("steps_per_call"), 1)
+
+
+def check_eval(c, prefix: str = "eval") -> None:
+  """The `eval` block: mode, depths, measures."""
+  one_of(c.mode, ranking.MODES, f"{prefix}.mode")
+  integer(c.depth, f"{prefix}.depth", 1)
+  integer(c.rerank_depth, f"{prefix}.rerank_depth", 1)
+  require(isinstance(c.measures, (tuple, list)) and len(c.measures) > 0,
+          "must be a non-empty list of measures", field=f"{prefix}.measures")
+  for m in c.measures:
+    measure(m, f"{prefix}.measures")
+
+
+def check_hybrid(c, prefix: str = "hybrid") -> None:
+  """The `hybrid` block: depth, normalisation, lam grid in [0, 1], dev measure."""
+  integer(c.depth, f"{prefix}.depth", 1)
+  one_of(c.normalize, hybrid.NORMALIZATIONS, f"{prefix}.normalize")
+  require(isinstance(c.grid, (tuple, list)) and len(c.grid) > 0, "must be a non-empty list",
+          field=f"{prefix}.grid")
+  for lam in c.grid:
+    real(lam, f"{prefix}.grid", 0.0, 1.0)
+  measure(c.measure, f"{prefix}.measure")
+
+
+def check_table(config, *, hybrid_block: bool = True) -> None:
+  """What the table-style jobs share: seeds, embeddings, and the recipe blocks of
+  `defaults.table_recipe` (data, encoder, bm25, model, train and its per-embedding overrides,
+  eval, hybrid)."""
+  seeds(config.seeds)
+  embedding_names(config.embeddings)
+  integer(config.seed, "seed", 0)
+  check_data(config.data)
+  check_encoder(config.encoder)
+  check_bm25(config.bm25)
+  check_train(config.train)
+  for name, changes in config.train_overrides.items():
+    require(name in defaults.EMBEDDINGS, f"unknown embedding {name!r}", field="train_overrides")
+    with_overrides = config.train.copy_and_resolve_references()
+    for key, value in dict(changes).items():
+      require(key in with_overrides, f"train has no field {key!r}",
+              field=f"train_overrides.{name}")
+      try:
+        with_overrides[key] = value
+      except TypeError as e:
+        raise input_error(str(e), file="config", field=f"train_overrides.{name}.{key}") from e
+    check_train(with_overrides, f"train_overrides.{name}")
+  check_eval(config.eval)
+  if hybrid_block:
+    check_hybrid(config.hybrid)
