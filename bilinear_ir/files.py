@@ -115,6 +115,29 @@ def sha256_bytes(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()
 
 
+def file_sha256(path: str) -> str:
+  """SHA-256 of a file's bytes, read in 1 MiB blocks."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def read_json(path: str) -> Any:
+  """The JSON value in a UTF-8 file; a missing, undecodable or malformed file is an `InputError`
+  naming it."""
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    raise input_error(f"cannot read ({e.strerror or e})", file=path) from None
+  try:
+    return json.loads(decode_utf8(data, path))
+  except ValueError as e:
+    raise input_error(f"not valid JSON ({e})", file=path) from None
+
+
 def sha256_texts(texts: list[str]) -> str:
   """Hex SHA-256 of a list of strings (length-prefixed, so boundaries count)."""
   h = hashlib.sha256()

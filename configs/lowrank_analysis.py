@@ -27,7 +27,7 @@ def get_config(arg=None):
   c.job = "lowrank_analysis"
   c.seed = 0                      # splits (dev carve-out), as the table
   c.seeds = a["seeds"]            # training seeds of the full W; curves are averaged over them
-  c.embeddings = a["embeddings"]  # "mean" and/or "cls" (bilinear_ir.eval.table.EMBEDDINGS)
+  c.embeddings = a["embeddings"]  # names of defaults.EMBEDDINGS ("mean", "cls", ...)
   # Ranks r of the truncation W_r evaluated; ranks > n are dropped and r = n (W_r = W, the
   # sanity row) and the spectrum-selected ranks are always added.
   c.ranks = a["ranks"]

@@ -33,9 +33,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Which collection, and `split`: whose queries are ranked (and evaluated, when it has qrels);
   # "" = every query of the collection (run only, no metrics).
   c.data = defaults.data_config()
-  # The frozen encoder. model, pooling, normalize, max_length (defaults.ENCODER_FIELDS) default to
-  # None = the saved model's values (the embeddings it was trained on; without a model, the
-  # encoder_config() defaults); a value set here that differs from the model's is an error.
+  # The frozen encoder. kind, path, model, pooling, normalize, max_length
+  # (defaults.ENCODER_FIELDS) default to None = the saved model's values (the embeddings it was
+  # trained on; without a model, the encoder_config() defaults); a value set here that differs
+  # from the model's is an error.
   # batch_size and cache_dir do not change the numbers and are taken from here.
   c.encoder = defaults.encoder_config()
   for field in defaults.ENCODER_FIELDS:

@@ -168,6 +168,44 @@ def test_beir_round_trip(tmp_path):
   assert c.doc_strings() == ["Title one first text", "second — text", "Only title"]
 
 
+def _zip_folder(folder: str, zip_path: str, top: str = "") -> str:
+  """Zips every file of `folder` under `top` (e.g. "mini/", as BEIR's downloads do)."""
+  with zipfile.ZipFile(zip_path, "w") as zf:
+    for dirpath, _, names in os.walk(folder):
+      for name in names:
+        full = os.path.join(dirpath, name)
+        zf.write(full, top + os.path.relpath(full, folder).replace(os.sep, "/"))
+  return zip_path
+
+
+@pytest.mark.parametrize("top", ["", "mini/"])
+def test_beir_zip_reads_as_the_folder_does(tmp_path, top):
+  folder = _beir(tmp_path / "mini")
+  c = loaders.load(_config("beir", _zip_folder(folder, str(tmp_path / "mini.zip"), top)))
+  d = loaders.load(_config("beir", folder))
+  assert c.name == "mini"
+  assert (c.doc_ids, c.titles, c.texts, c.queries, c.qrels) == (
+      d.doc_ids, d.titles, d.texts, d.queries, d.qrels)
+
+
+def test_beir_zip_problems_name_the_member(tmp_path):
+  folder = _beir(tmp_path / "mini")
+  os.remove(os.path.join(folder, "queries.jsonl"))
+  z = _zip_folder(folder, str(tmp_path / "noq.zip"))
+  with pytest.raises(InputError, match="member 'queries.jsonl'"):
+    loaders.load(_config("beir", z))
+  bad = str(tmp_path / "bad.zip")
+  with zipfile.ZipFile(bad, "w") as zf:
+    zf.writestr("corpus.jsonl", '{"_id": "d1", "text": "x"}\n')
+    zf.writestr("../evil.txt", "x")
+  with pytest.raises(InputError, match="evil"):
+    loaders.load(_config("beir", bad))
+  broken = _beir(tmp_path / "broken")
+  _write(tmp_path / "broken" / "corpus.jsonl", '{"_id": "d1", "text": 3}\n')
+  with pytest.raises(InputError, match=r"broken\.zip/corpus\.jsonl: line 1: field 'text'"):
+    loaders.load(_config("beir", _zip_folder(broken, str(tmp_path / "broken.zip"))))
+
+
 def _msmarco(folder) -> str:
   _write(folder / "collection.tsv", "0\tpassage zero\n1\tpassage one\n2\tpassage two\n"
          "3\tpassage zero\n")

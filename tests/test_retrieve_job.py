@@ -215,8 +215,9 @@ def test_dot_product_mode_equals_numpy_brute_force(trained, tiny_bert_dir, tmp_p
 
 def test_encoder_comes_from_the_model_and_a_mismatch_is_an_error(trained, tiny_bert_dir):
   root, beir, cache = trained
-  meta = {"encoder": {"model": tiny_bert_dir, "pooling": "mean", "normalize": True,
-                      "max_length": 32, "batch_size": 8, "cache_dir": "elsewhere"}}
+  meta = {"encoder": {"kind": "flax", "path": "", "model": tiny_bert_dir, "pooling": "mean",
+                      "normalize": True, "max_length": 32, "batch_size": 8,
+                      "cache_dir": "elsewhere"}}
   cfg = _config(beir, cache, tiny_bert_dir).encoder
   cfg.model, cfg.max_length, cfg.batch_size = None, 32, 16
   out = job.resolve_encoder(cfg, meta)

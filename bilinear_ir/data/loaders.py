@@ -21,6 +21,19 @@ from bilinear_ir.errors import input_error
 LOADERS = {"scifact": scifact.load_scifact, "beir": beir.load_beir,
            "msmarco": msmarco.load_msmarco, "trec": trec_folder.load_trec}
 FORMATS = tuple(LOADERS)
+# Collections shipped in the package (bilinear_ir/data/embedded/, see its SOURCE.txt): name ->
+# (format, file). The classic ones are test-only BEIR zips (use query-level folds).
+EMBEDDED = {"scifact": ("scifact", "scifact.zip"), "cacm": ("beir", "cacm.zip"),
+            "med": ("beir", "med.zip"), "lisa": ("beir", "lisa.zip")}
+
+
+def embedded(name: str) -> tuple[str, str]:
+  """(format, path) of a collection shipped in the package (`EMBEDDED`)."""
+  if name not in EMBEDDED:
+    raise input_error(f"unknown embedded collection {name!r}; known: {', '.join(EMBEDDED)}",
+                      file="config", field="collections")
+  fmt, file = EMBEDDED[name]
+  return fmt, os.path.join(os.path.dirname(scifact.embedded_scifact_path()), file)
 
 
 def load(data_config) -> Collection:

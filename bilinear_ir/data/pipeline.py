@@ -15,6 +15,7 @@ import numpy as np
 from bilinear_ir.data import collection as collection_lib
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import loaders
+from bilinear_ir.data import precomputed
 from bilinear_ir.data import sparse
 from bilinear_ir.data.batches import TrainSet, hard_negative_pool
 from bilinear_ir.errors import require
@@ -88,10 +89,19 @@ def bm25_ranking(collection: collection_lib.Collection, query_ids: list[str],
   return idx, scores, model
 
 
+def embed(collection: collection_lib.Collection, encoder_cfg: ml_collections.ConfigDict
+          ) -> embeddings_lib.Embeddings:
+  """Pooled embeddings of every doc and query of `collection` by the `encoder` block: the frozen
+  encoder (`kind` "flax", cached on disk) or the files of `encoder.path` ("precomputed")."""
+  if encoder_cfg.kind == "precomputed":
+    return precomputed.load(encoder_cfg.path, collection, bool(encoder_cfg.normalize))
+  return embeddings_lib.embed_collection(collection, encoder_cfg)
+
+
 def prepare(config: ml_collections.ConfigDict) -> Prepared:
   """Loads the collection, its embeddings and the BM25 ranking of every query."""
   coll = loaders.load(config.data)
-  emb = embeddings_lib.embed_collection(coll, config.encoder)
+  emb = embed(coll, config.encoder)
   idx, scores, model = bm25_ranking(coll, emb.query_ids, config.bm25)
   return Prepared(coll, emb, np.asarray(idx), np.asarray(scores, np.float32), model)
 
@@ -111,7 +121,7 @@ def reembed(prepared: Prepared, encoder_cfg: ml_collections.ConfigDict) -> Prepa
     A new `Prepared` whose `embeddings` are docs [N, n] and queries [Q, n] under `encoder_cfg`
     (exactly as `prepare` would compute them); the other fields are the same objects.
   """
-  emb = embeddings_lib.embed_collection(prepared.collection, encoder_cfg)
+  emb = embed(prepared.collection, encoder_cfg)
   return dataclasses.replace(prepared, embeddings=emb)
 
 

@@ -67,20 +67,26 @@ def require_file(path: str) -> str:
   return path
 
 
-def lines(path: str, field_at: FieldAt) -> Iterator[tuple[int, str]]:
-  """Yields (line number from 1, decoded line without its newline), streaming the file."""
+def lines(path: str, field_at: FieldAt, data: bytes | None = None) -> Iterator[tuple[int, str]]:
+  """Yields (line number from 1, decoded line without its newline), streaming the file, or the
+  bytes `data` already read (a zip member; `path` then only names it in errors)."""
+  if data is not None:
+    for n, raw in enumerate(data.splitlines(keepends=True), 1):
+      yield n, decode(raw, path, field_at, first_line=n).rstrip("\r\n")
+    return
   with open(require_file(path), "rb") as f:
     for n, raw in enumerate(f, 1):
       yield n, decode(raw, path, field_at, first_line=n).rstrip("\r\n")
 
 
-def tsv(path: str, columns: tuple[str, ...],
-         sep: str | None = "\t") -> Iterator[tuple[int, list[str]]]:
+def tsv(path: str, columns: tuple[str, ...], sep: str | None = "\t",
+        data: bytes | None = None) -> Iterator[tuple[int, list[str]]]:
   """Yields (line, cells) of a headerless table with exactly `len(columns)` cells per line.
 
-  `sep=None` splits on runs of whitespace (TREC qrels). Blank lines are refused.
+  `sep=None` splits on runs of whitespace (TREC qrels). Blank lines are refused. `data`: the
+  file's bytes when already read (see `lines`).
   """
-  for n, line in lines(path, tsv_field_at(columns)):
+  for n, line in lines(path, tsv_field_at(columns), data):
     cells = line.split(sep)
     if len(cells) != len(columns):
       field = columns[len(cells)] if len(cells) < len(columns) else f"column {len(columns) + 1}"

@@ -14,7 +14,8 @@ from types import ModuleType
 from bilinear_ir.errors import input_error
 
 NAMES = ("train_eval", "reproduce_table", "lowrank_analysis", "mol", "late_interaction",
-         "retrieve", "fidelity_bm25", "synthetic_agreement", "collection_stats")
+         "retrieve", "fidelity_bm25", "synthetic_agreement", "collection_stats", "embed",
+         "study")
 
 
 def get(name: str) -> ModuleType:

@@ -20,6 +20,7 @@ from bilinear_ir import defaults
 from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
+from bilinear_ir.eval import stats
 from bilinear_ir.retrieval import ranking
 from bilinear_ir.train import losses
 from bilinear_ir.train import trainer
@@ -117,13 +118,12 @@ def row_config(config: ml_collections.ConfigDict, spec: dict[str, Any], seed: in
 
 
 def embedding_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-  """A copy of `config` with the encoder of embedding `name` (`defaults.EMBEDDINGS`) and its
+  """A copy of `config` with the encoder of embedding `name` (`defaults.embedding_spec`) and its
   `train_overrides`."""
-  pooling, normalize = defaults.EMBEDDINGS[name]
   c = copy.deepcopy(config)
   with c.unlocked():
-    c.encoder.pooling = pooling
-    c.encoder.normalize = normalize
+    for key, value in defaults.embedding_spec(name).items():
+      c.encoder[key] = value
     for key, value in config.train_overrides.get(name, {}).items():
       c.train[key] = value
   return c
@@ -159,7 +159,42 @@ def subset_mean(per_query: dict[str, dict[str, float]], qids: list[str], measure
 
 
 def aggregate(outs: list[dict[str, float]], measures) -> tuple[dict, dict]:
-  """[{measure: value}] over seeds -> ({measure: mean}, {measure: std})."""
+  """[{measure: value}] over seeds -> ({measure: mean}, {measure: std}); the sample std
+  (ddof = 1) over the seeds, 0 for a single seed."""
   mean = {m: float(np.mean([o[m] for o in outs])) for m in measures}
-  std = {m: float(np.std([o[m] for o in outs])) for m in measures}
+  std = {m: float(np.std([o[m] for o in outs], ddof=1)) if len(outs) > 1 else 0.0
+         for m in measures}
   return mean, std
+
+
+def seed_mean(per_query: list[dict[str, dict[str, float]]], measure: str) -> dict[str, float]:
+  """One measure per query, averaged over seeds: [{qid: {measure: v}}] -> {qid: v}."""
+  return {q: float(np.mean([p[q][measure] for p in per_query])) for q in sorted(per_query[0])}
+
+
+def add_paired(rows: list[dict[str, Any]], per_query: list[dict[str, float]], baseline,
+               field: str, config) -> list[dict[str, Any]]:
+  """Adds `row[field]` = `eval.stats.paired(row's per-query values, its baseline's)` to every
+  row that has a baseline, then Holm-adjusts them together (`p_holm`).
+
+  Args:
+    rows: the rows.
+    per_query: [len(rows)] {qid: value} of each row (e.g. `seed_mean`).
+    baseline: row index -> the index of the row it is compared with, or None (no comparison).
+    field: where the comparison goes ("vs_dot", "vs_bm25").
+    config: has `seed` and `stats` (`defaults.stats_config()`).
+
+  Returns:
+    The comparisons (one family, Holm-adjusted).
+  """
+  family = []
+  for i, row in enumerate(rows):
+    j = baseline(i)
+    if j is None:
+      continue
+    row[field] = stats.paired(per_query[i], per_query[j], seed=config.seed,
+                              resamples=config.stats.resamples,
+                              bootstrap=config.stats.resamples, alpha=config.stats.alpha)
+    family.append(row[field])
+  stats.apply_holm(family)
+  return family

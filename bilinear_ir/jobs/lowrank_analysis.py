@@ -253,8 +253,8 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     ranks = evaluated_ranks(config.ranks, prepared.dim, [s["rank"] for s in selections])
     per_seed = [analyze(W, prepared, splitset, cfg, ranks, seed) for seed, W, _ in trained]
     res = summarize(per_seed, ranks, selections, cfg)
-    pooling, normalize = defaults.EMBEDDINGS[emb_name]
-    res.update(pooling=pooling, normalize=normalize, seeds=list(config.seeds),
+    spec = defaults.embedding_spec(emb_name)
+    res.update(pooling=spec.get("pooling"), normalize=spec["normalize"], seeds=list(config.seeds),
                best_steps=[b for _, _, b in trained],
                distance_from_identity=_mean([
                    float(np.linalg.norm(W - np.eye(W.shape[0])) / np.sqrt(W.shape[0]))
@@ -322,9 +322,7 @@ def markdown(results: dict[str, Any], config) -> str:
                      else f"{pw['error_over_bound_mean']:.3g}",
                      "-" if pw["error_over_bound_max"] is None
                      else f"{pw['error_over_bound_max']:.3g}"])
-    pooling, normalize = defaults.EMBEDDINGS[emb]
-    out.append(f"\n## {emb}: {pooling} pooling, "
-               f"{'L2-normalised' if normalize else 'unnormalised'}, n = {n}\n\n")
+    out.append(f"\n## {emb}: {defaults.describe_embedding(emb, config.encoder.model)}, n = {n}\n\n")
     out.append(report.markdown_table(rows, header))
     sel = e["rank_selection"]
     srows = [[f"spectrum: {s['criterion']} {s['target']:g}", s["rank"], f"{s['dev']:.4f}",

@@ -321,9 +321,9 @@ def markdown(rows: list[dict[str, Any]], retrieval: list[dict[str, Any]],
     body = [[label(r)] + _cells(r, measures) + [f"{r['unseen_docs'][m0]:.4f}"]
             + ([f"{r['gate_entropy']:.3f} / {r['gate_cond_entropy']:.3f}"]
                if r["scorer"] == "mol" else ["-"]) for r in mine]
-    pooling, normalize = defaults.EMBEDDINGS[emb]
-    out.append(f"\n## {emb}: {pooling} pooling, {'L2-normalised' if normalize else 'unnormalised'}"
-               f" ({len(config.seeds)} seed{'s' if len(config.seeds) > 1 else ''}, test split)\n\n")
+    what = defaults.describe_embedding(emb, config.encoder.model)
+    out.append(f"\n## {emb}: {what} ({len(config.seeds)} "
+               f"seed{'s' if len(config.seeds) > 1 else ''}, test split)\n\n")
     out.append(report.markdown_table(
         body, ["model"] + measures + [f"{m0} unseen docs ({unseen_counts[emb]} q)",
                                       "H(p) / H(p\\|q,x)"]))
@@ -362,14 +362,16 @@ def findings(rows: list[dict[str, Any]], retrieval: list[dict[str, Any]], config
     dot = next(r for r in mine if r["scorer"] == "dot")
     learned = [r for r in mine if r["scorer"] in BASELINES]
     mols = [r for r in mine if r["scorer"] == "mol"]
-    best = max(mols, key=lambda r: r["metrics"][m])
+    sel = config.train.select_metric
+    best = _best(mols, lambda r: r["dev"][sel])
     cmp = lambda a, b: "above" if a > b else "below"
-    text = (f"- **{emb}** ({m}): dot {dot['metrics'][m]:.4f}; the best MoL row ({label(best)}) "
-            f"{best['metrics'][m]:.4f}, {cmp(best['metrics'][m], dot['metrics'][m])} dot")
+    text = (f"- **{emb}** ({m}): dot {dot['metrics'][m]:.4f}; the MoL row best on dev "
+            f"({label(best)}) {best['metrics'][m]:.4f}, "
+            f"{cmp(best['metrics'][m], dot['metrics'][m])} dot")
     if learned:
-      bl = max(learned, key=lambda r: r["metrics"][m])
-      text += (f" and {cmp(best['metrics'][m], bl['metrics'][m])} the best of the table's "
-               f"learned rows ({label(bl)} {bl['metrics'][m]:.4f})")
+      bl = _best(learned, lambda r: r["dev"][sel])
+      text += (f" and {cmp(best['metrics'][m], bl['metrics'][m])} the table's learned row best "
+               f"on dev ({label(bl)} {bl['metrics'][m]:.4f})")
     text += (f". On the unseen-doc test queries: dot {dot['unseen_docs'][m]:.4f}, that MoL "
              f"{best['unseen_docs'][m]:.4f}"
              + "".join(f", {label(r)} {r['unseen_docs'][m]:.4f}" for r in learned))

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from bilinear_ir import files
+from bilinear_ir.eval import stats
 
 
 @dataclasses.dataclass
@@ -23,11 +24,15 @@ class Report:
     markdown: the human table(s) -> `results.md` (also printed at the end of the run).
     figures: `{name: matplotlib Figure}` -> `<name>.png`.
     extra_files: `{file name: text}` other text outputs (e.g. `run.trec`).
+    folders: `{folder name: writer}` outputs that are folders (e.g. `embeddings/`): main calls
+      `writer(path)` with `path` = that folder inside the workdir; the writer must write it
+      atomically (a temporary folder renamed into place).
   """
   results: dict[str, Any]
   markdown: str
   figures: dict[str, Any] = dataclasses.field(default_factory=dict)
   extra_files: dict[str, str] = dataclasses.field(default_factory=dict)
+  folders: dict[str, Callable[[str], None]] = dataclasses.field(default_factory=dict)
 
 
 def fmt(x: Any, digits: int = 3, style: str = "f") -> str:
@@ -38,6 +43,16 @@ def fmt(x: Any, digits: int = 3, style: str = "f") -> str:
   if isinstance(x, float):
     return f"{x:.{digits}{style}}"
   return str(x)
+
+
+def fmt_paired(comparison: dict[str, Any] | None, alpha: float = 0.05, ci: bool = True) -> str:
+  """A paired comparison (`eval.stats.paired`) as a table cell: `+0.012 [-0.004, +0.028]
+  p=0.31` with "+" / "\u2212" appended for a significant gain / loss (Holm p when present)."""
+  if not comparison:
+    return "-"
+  p = comparison.get("p_holm", comparison["p_perm"])
+  interval = f" [{comparison['ci95'][0]:+.3f}, {comparison['ci95'][1]:+.3f}]" if ci else ""
+  return f"{comparison['diff']:+.3f}{interval} p={p:.2g}{stats.mark(comparison, alpha)}"
 
 
 def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str], digits: int = 3) -> str:
@@ -63,6 +78,8 @@ def write(workdir: str, config_json: str, report: Report) -> None:
     save_figure(fig, os.path.join(workdir, f"{name}.png"))
   for name, text in report.extra_files.items():
     files.atomic_write_text(os.path.join(workdir, name), text)
+  for name, writer in report.folders.items():
+    writer(os.path.join(workdir, name))
   files.atomic_write_text(os.path.join(workdir, "config.json"), config_json)
   files.atomic_write_text(os.path.join(workdir, "results.md"), report.markdown)
   files.atomic_write_json(os.path.join(workdir, "results.json"), report.results)

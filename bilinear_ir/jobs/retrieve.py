@@ -28,7 +28,7 @@ import ml_collections
 
 from bilinear_ir import defaults
 from bilinear_ir import scorers
-from bilinear_ir.data import embeddings as embeddings_lib
+from bilinear_ir.data import pipeline
 from bilinear_ir.data import loaders
 from bilinear_ir.errors import input_error, require
 from bilinear_ir.eval import metrics as metrics_lib
@@ -117,7 +117,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   module, params, meta = load_scorer(model_dir) if model_dir else (None, {}, None)
   encoder_cfg = resolve_encoder(config.encoder, meta, os.path.join(model_dir, "model.json"))
   coll = loaders.load(config.data)
-  emb = embeddings_lib.embed_collection(coll, encoder_cfg)
+  emb = pipeline.embed(coll, encoder_cfg)
   dim = int(emb.docs.shape[1])
   if meta is None:
     module, params = dot_scorer(dim)

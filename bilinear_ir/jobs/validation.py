@@ -84,12 +84,15 @@ def seeds(values: Any, field: str = "seeds") -> None:
 
 
 def embedding_names(names: Any, field: str = "embeddings") -> None:
-  """Names of `defaults.EMBEDDINGS` ("mean", "cls")."""
+  """Embedding names (`defaults.embedding_spec`: "mean", "cls", "mpnet-mean", ...,
+  "precomputed:DIR" with an existing DIR)."""
   require(isinstance(names, (tuple, list)) and len(names) > 0,
           f"must be a non-empty list, got {names!r}", field=field)
   for name in names:
-    require(name in defaults.EMBEDDINGS, f"unknown embedding {name!r}; known: "
-            f"{sorted(defaults.EMBEDDINGS)}", field=field)
+    spec = defaults.embedding_spec(name)
+    if spec["kind"] == "precomputed":
+      require(os.path.isdir(spec["path"]), f"no such folder of precomputed embeddings: "
+              f"{spec['path']!r}", field=field)
 
 
 def check_data(c, prefix: str = "data") -> None:
@@ -110,7 +113,12 @@ def check_data(c, prefix: str = "data") -> None:
 
 
 def check_encoder(c, prefix: str = "encoder") -> None:
-  """The `encoder` block: pooling, lengths, batch size."""
+  """The `encoder` block: kind (and the folder of precomputed embeddings), pooling, lengths,
+  batch size."""
+  one_of(c.kind, ("flax", "precomputed"), f"{prefix}.kind")
+  if c.kind == "precomputed":
+    require(isinstance(c.path, str) and os.path.isdir(c.path),
+            f"must be the folder of precomputed embeddings, got {c.path!r}", field=f"{prefix}.path")
   require(isinstance(c.model, str), "must be a string", field=f"{prefix}.model")
   one_of(c.pooling, embeddings.POOLINGS, f"{prefix}.pooling")
   require(isinstance(c.normalize, bool), "must be true or false", field=f"{prefix}.normalize")
@@ -203,7 +211,7 @@ def check_table(config, *, hybrid_block: bool = True) -> None:
   check_bm25(config.bm25)
   check_train(config.train)
   for name, changes in config.train_overrides.items():
-    require(name in defaults.EMBEDDINGS, f"unknown embedding {name!r}", field="train_overrides")
+    defaults.embedding_spec(name)  # a known embedding name
     with_overrides = config.train.copy_and_resolve_references()
     for key, value in dict(changes).items():
       require(key in with_overrides, f"train has no field {key!r}",
@@ -216,3 +224,6 @@ def check_table(config, *, hybrid_block: bool = True) -> None:
   check_eval(config.eval)
   if hybrid_block:
     check_hybrid(config.hybrid)
+  if "stats" in config:
+    integer(config.stats.resamples, "stats.resamples", 100)
+    real(config.stats.alpha, "stats.alpha", 0.0, 0.5, low_open=True)

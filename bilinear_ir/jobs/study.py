@@ -1,0 +1,339 @@
+"""The `study` job: where does a learned similarity beat the dot product? Collections x
+embeddings x models, with paired statistics over queries and every choice made on dev.
+
+For each collection (the embedded SciFact with its own train / test split, or a test-only
+collection such as CACM, MED, LISA or any BEIR folder / zip, cross-validated over its queries
+with a dev part carved out of each training fold) and each embedding (`defaults.embedding_spec`):
+
+  dot       the untrained dot product of the frozen embeddings (the baseline of every test);
+  bm25      BM25 (one fit per collection);
+  wdp, bilinear, lowrank_r{r} (residual I + P Q^T)
+            trained with the table's recipe and selected on dev, step 0 (the dot product itself:
+            every one of them starts there) included, so selection can keep the dot product;
+  learned   per fold and seed, the one of those the dev metric picks (the "dev-selected learned
+            similarity");
+  hybrid    `lam * learned + (1 - lam) * BM25`, lam tuned on dev.
+
+Every query is scored once per seed, by the split (fold) that held it out; per-query metrics are
+averaged over seeds. Each model is compared with dot and with BM25 by a paired randomization
+test, a paired t-test, a 95% bootstrap CI of the mean difference and an effect size
+(`eval.stats.paired`); p-values are Holm-corrected over all comparisons with dot of the study
+(and separately over those with BM25). "Unseen-doc" queries are those none of whose relevant docs
+is relevant to a query the model trained or selected on (the training split, or the other folds);
+their differences are tested per collection and pooled over collections.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from bilinear_ir import progress
+from bilinear_ir import scorers
+from bilinear_ir.data import loaders
+from bilinear_ir.data import pipeline
+from bilinear_ir.errors import require
+from bilinear_ir.eval import stats
+from bilinear_ir.jobs import common
+from bilinear_ir.jobs import report
+from bilinear_ir.jobs import validation
+from bilinear_ir.retrieval import ranking
+
+BASELINES = ("dot", "bm25")
+
+
+def collection_data(config: ml_collections.ConfigDict, entry: str) -> ml_collections.ConfigDict:
+  """The `data` block of one entry of `config.collections`: an embedded name (scifact, cacm,
+  med, lisa) or a BEIR folder or zip."""
+  c = copy.deepcopy(config.data)
+  if entry in loaders.EMBEDDED:
+    c.format, c.path = loaders.embedded(entry)
+    if entry == "scifact":
+      c.path = ""
+  else:
+    c.format, c.path = "beir", entry
+  return c
+
+
+def model_specs(config) -> list[dict[str, Any]]:
+  """The trained models: [{"name", "scorer", "rank", "residual"}] in table order."""
+  out = []
+  for name in config.models:
+    if name == "lowrank":
+      out += [{"name": f"lowrank_r{r}", "scorer": "lowrank", "rank": int(r),
+               "residual": "identity"} for r in config.ranks]
+    else:
+      out.append({"name": name, "scorer": name, "rank": None, "residual": None})
+  return out
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Refuses a bad config before any work (`jobs.validation`)."""
+  require(isinstance(config.collections, (tuple, list)) and len(config.collections) > 0,
+          "must name at least one collection", field="collections")
+  for entry in config.collections:
+    if entry not in loaders.EMBEDDED:
+      require(os.path.exists(entry), f"{entry!r} is neither an embedded collection "
+              f"({', '.join(loaders.EMBEDDED)}) nor a BEIR folder or zip", field="collections")
+  validation.check_table(config)
+  validation.integer(config.folds, "folds", 2)
+  validation.integers(config.ranks, "ranks", low=1)
+  require(len(config.models) > 0, "must name at least one trained model", field="models")
+  for name in config.models:
+    validation.one_of(name, ("wdp", "bilinear", "lowrank"), "models")
+  for spec in model_specs(config):
+    validation.check_model(common.row_config(config, spec, 0).model)
+
+
+def _splitsets(prepared: pipeline.Prepared, cfg, folds: int) -> list[pipeline.SplitSet]:
+  """Its own train / test split when the collection has `data.train_split`, else K folds."""
+  data = copy.deepcopy(cfg.data)
+  if data.train_split not in prepared.collection.qrels:
+    data.folds = folds
+  return pipeline.splits(prepared.collection, data, cfg.seed)
+
+
+def _unseen(splitsets: list[pipeline.SplitSet]) -> list[str]:
+  """Test queries of every split set none of whose relevant docs is relevant to one of its
+  training or dev queries."""
+  out = []
+  for s in splitsets:
+    seen = {d for split in (s.train, s.dev) for q in split.query_ids
+            for d, rel in split.qrels[q].items() if rel > 0}
+    out += [q for q in s.test.query_ids
+            if not any(rel > 0 and d in seen for d, rel in s.test.qrels[q].items())]
+  return sorted(out)
+
+
+def _means(per_query_metrics: list[dict[str, dict[str, float]]], measures) -> dict[str, float]:
+  """Mean over queries of the seed-mean of each measure."""
+  qids = sorted(per_query_metrics[0])
+  return {m: float(np.mean([np.mean([o[q][m] for o in per_query_metrics]) for q in qids]))
+          for m in measures}
+
+
+def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str], str]:
+  """Every row of one collection: (rows, unseen-doc query ids, collection name)."""
+  measures = list(config.eval.measures)
+  m0 = measures[0]
+  specs = model_specs(config)
+  rows, prepared, unseen = [], None, None
+  for emb in config.embeddings:
+    base = copy.deepcopy(config)
+    with base.unlocked():
+      base.data = collection_data(config, entry)
+    cfg = common.embedding_config(base, emb)
+    prepared = (pipeline.prepare(cfg) if prepared is None
+                else pipeline.reembed(prepared, cfg.encoder))
+    coll = prepared.collection
+    splitsets = _splitsets(prepared, cfg, int(config.folds))
+    if unseen is None:
+      unseen = _unseen(splitsets)
+    test_qrels = {q: s.test.qrels[q] for s in splitsets for q in s.test.query_ids}
+    bar = progress.bar(len(config.seeds) * len(splitsets) * len(specs), f"{coll.name} / {emb}",
+                       unit="model")
+
+    # per model name -> per seed -> {qid: {measure: v}} over every split's test queries
+    per_query: dict[str, list[dict]] = {}
+    chosen: dict[str, list[str]] = {"learned": []}
+    dot = {}
+    for s in splitsets:
+      out = common.train_and_evaluate(common.row_config(cfg, {"scorer": "dot", "rank": None,
+                                                              "residual": None}, cfg.seed),
+                                      prepared, s, progress=False)
+      dot.update(out["per_query"])
+    per_query["dot"] = [dot]
+    all_test = sorted(dot)
+    rows_idx = prepared.query_row_index(all_test)
+    bm25, _ = ranking.evaluate_run(all_test, coll.doc_ids, prepared.bm25_idx[rows_idx],
+                                   prepared.bm25_scores[rows_idx],
+                                   test_qrels, measures)
+    per_query["bm25"] = [bm25["per_query"]]
+    for name in [sp["name"] for sp in specs] + ["learned", "hybrid"]:
+      per_query.setdefault(name, [])
+    for seed in config.seeds:
+      seed_q = {sp["name"]: {} for sp in specs}
+      learned_q, hybrid_q = {}, {}
+      for s in splitsets:
+        fold = []
+        for sp in specs:
+          rc = common.row_config(cfg, sp, seed)
+          out = common.train_and_evaluate(rc, prepared, s, progress=False)
+          seed_q[sp["name"]].update(out["per_query"])
+          fold.append((sp, rc, out))
+          bar.update(1)
+        sel = config.train.select_metric
+        sp, rc, out = max(fold, key=lambda t: t[2]["dev"].get(sel, -np.inf))  # first on ties
+        chosen["learned"].append(sp["name"] if out["best_step"] else f"{sp['name']}@step0")
+        learned_q.update(out["per_query"])
+        module = scorers.from_config(rc.model, prepared.dim)
+        metrics, _, _ = ranking.evaluate_hybrid(module, out["params"], prepared, s.dev, s.test,
+                                                cfg.hybrid, measures)
+        hybrid_q.update(metrics["per_query"])
+      for name, q in seed_q.items():
+        per_query[name].append(q)
+      per_query["learned"].append(learned_q)
+      per_query["hybrid"].append(hybrid_q)
+    bar.close()
+
+    for name, outs in per_query.items():
+      row = {"collection": coll.name, "embedding": emb, "model": name,
+             "metrics": _means(outs, measures), "n_queries": len(outs[0]),
+             "seeds": len(outs), "per_query": common.seed_mean(outs, m0),
+             "folds": len(splitsets) if len(splitsets) > 1 else 0}
+      if name == "learned":
+        row["chosen"] = chosen["learned"]
+      rows.append(row)
+  return rows, unseen, prepared.collection.name
+
+
+def _compare(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> None:
+  """Adds `vs_dot` / `vs_bm25` and `unseen_doc` (its mean and `vs_dot`) paired statistics to
+  every row; each kind of comparison is one Holm family over the study."""
+  index = {(r["collection"], r["embedding"], r["model"]): i for i, r in enumerate(rows)}
+
+  def against(model: str, enough=lambda i: True):
+    def baseline(i):
+      r = rows[i]
+      return None if r["model"] == model or not enough(i) else index[r["collection"],
+                                                                     r["embedding"], model]
+    return baseline
+
+  per_query = [r["per_query"] for r in rows]
+  common.add_paired(rows, per_query, against("dot"), "vs_dot", config)
+  common.add_paired(rows, per_query, against("bm25"), "vs_bm25", config)
+  subsets = [{q: r["per_query"][q] for q in unseen[r["collection"]]} for r in rows]
+  holders = [{"n_queries": len(sub), "mean": float(np.mean(list(sub.values()))) if sub else None}
+             for sub in subsets]
+  common.add_paired(holders, subsets, against("dot", lambda i: len(subsets[i]) >= 2), "vs_dot",
+                    config)
+  for r, h in zip(rows, holders):
+    r["unseen_doc"] = h
+
+
+def _pooled(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> list[dict]:
+  """Per (embedding, model): the unseen-doc queries of every collection, tested together."""
+  out, firsts, seconds = [], [], []
+  dots = {(r["collection"], r["embedding"]): r for r in rows if r["model"] == "dot"}
+  groups: dict[tuple[str, str], list[dict]] = {}
+  for r in rows:
+    if r["model"] != "dot":
+      groups.setdefault((r["embedding"], r["model"]), []).append(r)
+  for (emb, model), members in groups.items():
+    a, b = {}, {}
+    for r in members:
+      for q in unseen[r["collection"]]:
+        a[f"{r['collection']}/{q}"] = r["per_query"][q]
+        b[f"{r['collection']}/{q}"] = dots[r["collection"], emb]["per_query"][q]
+    entry = {"embedding": emb, "model": model, "n_queries": len(a),
+             "collections": sorted({r["collection"] for r in members})}
+    out.append(entry)
+    firsts.append(a)
+    seconds.append(b)
+  common.add_paired(out + [{} for _ in out], firsts + seconds,
+                    lambda i: i + len(out) if i < len(out) and len(firsts[i]) >= 2 else None,
+                    "vs_dot", config)
+  return out
+
+
+def _summary(rows: list[dict[str, Any]], alpha: float) -> dict[str, dict[str, int]]:
+  """Per model: on how many collection x embedding it is significantly better / tied / worse
+  than dot (Holm-adjusted)."""
+  out: dict[str, dict[str, int]] = {}
+  for r in rows:
+    if "vs_dot" not in r:
+      continue
+    mark = stats.mark(r["vs_dot"], alpha)
+    counts = out.setdefault(r["model"], {"better": 0, "tied": 0, "worse": 0})
+    counts[{stats.GAIN: "better", stats.LOSS: "worse"}.get(mark, "tied")] += 1
+  return out
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # pylint: disable=unused-argument
+  """The `study` job (configs/study.py)."""
+  rows, unseen, names = [], {}, []
+  for entry in config.collections:
+    coll_rows, coll_unseen, name = run_collection(config, entry)
+    require(name not in names, f"two collections are named {name!r}", field="collections")
+    names.append(name)
+    rows += coll_rows
+    unseen[name] = coll_unseen
+  _compare(rows, unseen, config)
+  pooled = _pooled(rows, unseen, config)
+  summary = _summary(rows, config.stats.alpha)
+  results = {"rows": rows, "unseen_doc": unseen, "pooled_unseen_doc": pooled,
+             "summary": summary, "measure": config.eval.measures[0],
+             "seeds": list(config.seeds), "folds": int(config.folds),
+             "holm": "over every comparison with dot of the study (vs_dot), separately over "
+                     "those with BM25 (vs_bm25), the per-collection and the pooled unseen-doc "
+                     "comparisons"}
+  return report.Report(results=results, markdown=markdown(results, config),
+                       figures={"forest": forest_plot(rows, config)})
+
+
+def markdown(results: dict[str, Any], config) -> str:
+  """The study table per collection and embedding, the pooled unseen-doc view, the summary."""
+  m0, alpha = results["measure"], config.stats.alpha
+  out = ["# Where does a learned similarity beat the dot product?\n\n",
+         f"{m0} per query, mean over {len(results['seeds'])} seed(s); differences against dot "
+         f"and BM25 with a 95% bootstrap CI and the Holm-adjusted randomization p-value "
+         f"(+ / \u2212: significant gain / loss at {alpha}). Models are selected on dev (step 0, "
+         "the dot product, included); `learned` is the dev-selected one per fold and seed.\n"]
+  rows = results["rows"]
+  seen = []
+  for r in rows:
+    if (r["collection"], r["embedding"]) in seen:
+      continue
+    seen.append((r["collection"], r["embedding"]))
+    mine = [x for x in rows if (x["collection"], x["embedding"]) == seen[-1]]
+    folds = f"{mine[0]['folds']}-fold CV" if mine[0]["folds"] else "its train / test split"
+    n_unseen = mine[0]["unseen_doc"]["n_queries"]
+    out.append(f"\n## {r['collection']} / {r['embedding']} ({mine[0]['n_queries']} queries, "
+               f"{folds}; {n_unseen} unseen-doc)\n\n")
+    table = [[x["model"], f"{x['metrics'][m0]:.4f}", report.fmt_paired(x.get("vs_dot"), alpha),
+              report.fmt_paired(x.get("vs_bm25"), alpha),
+              report.fmt(x["unseen_doc"]["mean"], 4),
+              report.fmt_paired(x["unseen_doc"].get("vs_dot"), alpha)] for x in mine]
+    out.append(report.markdown_table(table, ["model", m0, "vs dot", "vs BM25", "unseen-doc",
+                                             "unseen-doc vs dot"]))
+  out.append("\n## Unseen-doc queries pooled over collections\n\n")
+  out.append(report.markdown_table(
+      [[e["embedding"], e["model"], e["n_queries"], report.fmt_paired(e.get("vs_dot"), alpha)]
+       for e in results["pooled_unseen_doc"]], ["embedding", "model", "queries", "vs dot"]))
+  n_cells = len(seen)
+  out.append(f"\n## Summary (over {n_cells} collection x embedding cells)\n\n")
+  for model, c in results["summary"].items():
+    out.append(f"- **{model}**: significantly better than dot on {c['better']}, tied on "
+               f"{c['tied']}, significantly worse on {c['worse']}.\n")
+  return "".join(out)
+
+
+def forest_plot(rows: list[dict[str, Any]], config):
+  """Difference against dot with its 95% CI: one panel per model, one line per collection x
+  embedding (filled marker: significant after Holm)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  models = [m for m in dict.fromkeys(r["model"] for r in rows) if m != "dot"]
+  cells = list(dict.fromkeys((r["collection"], r["embedding"]) for r in rows))
+  fig, axes = plt.subplots(1, len(models), figsize=(2.6 * len(models), 0.35 * len(cells) + 1.5),
+                           sharex=True, sharey=True, squeeze=False)
+  by = {(r["collection"], r["embedding"], r["model"]): r for r in rows}
+  for ax, model in zip(axes[0], models):
+    for i, (coll, emb) in enumerate(cells):
+      c = by[coll, emb, model]["vs_dot"]
+      sig = stats.mark(c, config.stats.alpha) != stats.TIE
+      ax.errorbar(c["diff"], i, xerr=[[c["diff"] - c["ci95"][0]], [c["ci95"][1] - c["diff"]]],
+                  fmt="o", color="tab:red" if c["diff"] < 0 else "tab:blue",
+                  mfc=None if sig else "white", capsize=2)
+    ax.axvline(0.0, color="black", lw=0.8)
+    ax.set_title(model, fontsize=9)
+    ax.set_xlabel(f"{config.eval.measures[0]} - dot", fontsize=8)
+  axes[0][0].set_yticks(range(len(cells)))
+  axes[0][0].set_yticklabels([f"{c} / {e}" for c, e in cells], fontsize=8)
+  axes[0][0].invert_yaxis()
+  fig.tight_layout()
+  return fig

@@ -1,0 +1,39 @@
+r"""study: does a learned similarity beat the dot product, and where? Paired statistics over
+queries on several collections and embeddings, every choice made on dev.
+
+  python -m bilinear_ir.main --config=configs/study.py --workdir=runs/study
+  python -m bilinear_ir.main --config=configs/study.py:collections=scifact+DIR+FILE.zip,\
+embeddings=mean+cls,seeds=0+1+2 --workdir=runs/study
+
+Args (after `:`, comma separated; lists joined by `+`): collections (scifact, cacm, med, lisa:
+shipped with the package; or a BEIR folder or zip), embeddings (names of defaults.EMBEDDINGS:
+mean, cls, mpnet-mean, mpnet-cls; or precomputed:DIR), seeds, folds (K of the cross-validation
+of test-only collections), ranks (of the residual low-rank rows), models (wdp, bilinear,
+lowrank), quick (bool: one seed, 3 folds, scifact + med, mean only: a smoke run).
+"""
+from ml_collections import ConfigDict
+
+from bilinear_ir import defaults
+
+
+def get_config(arg=None):
+  a = defaults.parse_args(arg, {"collections": ("scifact", "cacm", "med", "lisa"),
+                                "embeddings": ("mean", "cls"), "seeds": (0, 1, 2), "folds": 5,
+                                "ranks": (8, 32, 128),
+                                "models": ("wdp", "bilinear", "lowrank"), "quick": False})
+  c = ConfigDict()
+  c.job = "study"
+  c.seed = 0                        # splits and folds (dev carve-outs), statistics' resampling
+  c.collections = a["collections"] if not a["quick"] else ("scifact", "med")
+  c.embeddings = a["embeddings"] if not a["quick"] else ("mean",)
+  c.seeds = a["seeds"] if not a["quick"] else (0,)
+  c.folds = a["folds"] if not a["quick"] else 3  # K-fold CV of collections with no train split
+  c.ranks = a["ranks"]              # residual I + P Q^T rows (lowrank_r{r})
+  c.models = a["models"]            # trained rows; "learned" = the dev-selected one of them
+  # data, encoder, bm25, model, train (+ per-embedding train_overrides), hybrid, eval: the
+  # bilinear table's recipe (defaults.table_recipe). With only ~30-50 judged queries, a fifth of
+  # each training fold is held out as dev (0.1 would leave 3-4 queries to select on).
+  defaults.table_recipe(c)
+  c.data.dev_fraction = 0.2
+  c.distributed = False
+  return c

@@ -1,0 +1,68 @@
+"""The `reproduce_table` job on a tiny collection: paired statistics against dot and BM25, the
+sample std over seeds, and findings chosen on dev."""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from bilinear_ir.eval import stats
+from bilinear_ir.jobs import common
+from bilinear_ir.jobs import reproduce_table
+from conftest import write_beir
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+  root = tmp_path_factory.mktemp("table")
+  spec = importlib.util.spec_from_file_location(
+      "table_cfg", os.path.join(REPO, "configs", "reproduce_table.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config("seeds=0+1,ranks=4,embeddings=mean")
+  c.data.format, c.data.path = "beir", write_beir(str(root / "beir"), num_docs=40,
+                                                   num_queries=30, seed=3)
+  c.data.dev_fraction = 0.3
+  c.train.steps, c.train.eval_every, c.train.batch_size = 12, 4, 8
+  c.encoder.max_length, c.encoder.cache_dir = 32, str(root / "cache")
+  c.stats.resamples = 500
+  c.hybrid.depth = 10
+  reproduce_table.validate(c)
+  return c, reproduce_table.run(c, str(root / "w"))
+
+
+def test_every_row_is_compared_with_dot_and_bm25_holm_adjusted(table):
+  _, rep = table
+  rows = rep.results["rows"]
+  assert [r["scorer"] for r in rows] == ["dot", "bm25", "wdp", "lowrank", "lowrank", "bilinear",
+                                         "hybrid"]
+  assert "vs_dot" not in rows[0] and "vs_bm25" not in rows[1]
+  family = [r["vs_dot"] for r in rows[1:]]
+  assert [c["p_holm"] for c in family] == pytest.approx(stats.holm([c["p_perm"] for c in family]))
+  for r in rows[2:]:
+    assert set(r["vs_dot"]) == {"diff", "ci95", "p_perm", "p_t", "effect_size", "n", "p_holm"}
+    assert r["vs_dot"]["n"] == rep.results["test_queries"]
+  # BM25 vs dot and dot vs BM25 are the same comparison with opposite signs.
+  assert rows[1]["vs_dot"]["diff"] == pytest.approx(-rows[0]["vs_bm25"]["diff"])
+  assert rows[1]["vs_dot"]["p_t"] == pytest.approx(rows[0]["vs_bm25"]["p_t"])
+
+
+def test_findings_name_the_learned_row_best_on_dev(table):
+  c, rep = table
+  rows = rep.results["rows"]
+  learned = [r for r in rows if r["scorer"] in ("wdp", "lowrank", "bilinear")]
+  best = max(learned, key=lambda r: r["dev"][c.train.select_metric])
+  name = reproduce_table._row_name(best)  # pylint: disable=protected-access
+  assert f"The learned similarity best on dev: {name} {best['metrics']['ndcg@10']:.4f}" in (
+      rep.markdown)
+  assert "sample std (ddof = 1) over the n = 2 training seeds" in rep.markdown
+
+
+def test_aggregate_uses_the_sample_std():
+  mean, std = common.aggregate([{"m": 0.5}, {"m": 0.7}, {"m": 0.9}], ["m"])
+  assert mean["m"] == pytest.approx(0.7)
+  assert std["m"] == pytest.approx(0.2)  # sqrt(((-.2)^2 + 0 + .2^2) / 2); ddof = 0 gives 0.163
+  assert common.aggregate([{"m": 0.5}], ["m"])[1]["m"] == 0.0
+  assert np.isclose(common.seed_mean([{"a": {"m": 1.0}}, {"a": {"m": 2.0}}], "m")["a"], 1.5)
