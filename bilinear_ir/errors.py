@@ -40,6 +40,19 @@ def input_error(message: str, file: str | None = None, record: object = None,
   return InputError(f"{prefix}: {message}" if prefix else message)
 
 
+def missing_extra(package: str, extra: str, what: str = "") -> InputError:
+  """The one-line error of an optional feature whose package is not installed.
+
+  Args:
+    package: the missing distribution (e.g. "faiss-cpu").
+    extra: the project extra that installs it (e.g. "faiss").
+    what: the feature that needs it, for the message.
+  """
+  need = f"{what} needs {package}" if what else f"{package} is not installed"
+  return InputError(f"{need}; install it with `pip install \"bilinear_ir[{extra}]\"` (in a "
+                    f"checkout: `pip install -e \".[{extra}]\"`)")
+
+
 def require(condition: bool, message: str, *, file: str | None = "config",
             field: str | None = None) -> None:
   """Raises `InputError` (located at `file`/`field`) unless `condition` holds.

@@ -40,7 +40,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # batch_size and cache_dir do not change the numbers and are taken from here.
   c.encoder = defaults.encoder_config()
   for field in defaults.ENCODER_FIELDS:
-    c.encoder[field] = config_dict.placeholder(type(c.encoder[field]))
+    if c.encoder[field] is not None:  # pooling, normalize, max_length are None already
+      c.encoder[field] = config_dict.placeholder(type(c.encoder[field]))
   c.index_dir = ""               # the doc-table index; "" = WORKDIR/index
   c.rebuild = True               # an index built otherwise: True rebuilds it, False is an error
   c.shard_docs = 65536           # docs per index shard (one shard in memory when streaming)

@@ -6,8 +6,19 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import jax  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
-import pytest  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+import json  # noqa: E402  pylint: disable=wrong-import-position
+
+import jax  # noqa: E402  pylint: disable=wrong-import-position
+import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
+import pytest  # noqa: E402  pylint: disable=wrong-import-position
+from safetensors.numpy import save_file  # noqa: E402  pylint: disable=wrong-import-position
+from tokenizers import Tokenizer  # noqa: E402  pylint: disable=wrong-import-position
+from tokenizers import models  # noqa: E402  pylint: disable=wrong-import-position
+from tokenizers import normalizers  # noqa: E402  pylint: disable=wrong-import-position
+from tokenizers import pre_tokenizers  # noqa: E402  pylint: disable=wrong-import-position
+from tokenizers import processors  # noqa: E402  pylint: disable=wrong-import-position
+
+from bilinear_ir.data.encoders import load  # noqa: E402  pylint: disable=wrong-import-position
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,20 +40,89 @@ TINY_VOCAB = ("[PAD] [UNK] [CLS] [SEP] [MASK] the a of and in to is for with on 
               "vector matrix rank low high bilinear dot product learned frozen embedding").split()
 
 
-def make_tiny_bert(folder: str, seed: int = 0, hidden: int = 32, layers: int = 2) -> str:
-  """Writes a random tiny BERT (Flax weights, vocab, fast tokenizer) into `folder`."""
-  import transformers  # pylint: disable=g-import-not-at-top
+WORDS = ("the a of and in to is for with on by was are cell cells gene protein cancer risk "
+         "patients study results increased reduced treatment disease effect expression level "
+         "human mice blood brain virus infection drug dose trial data model").split()
+# Special tokens by role, in id order (MPNet's pad id must be 1, as HuggingFace's padding_idx).
+SPECIALS = {"bert": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]",
+                     "mask": "[MASK]"},
+            "mpnet": {"cls": "<s>", "pad": "<pad>", "sep": "</s>", "unk": "[UNK]",
+                      "mask": "<mask>"}}
+
+def write_tokenizer(folder: str, kind: str, words=WORDS) -> int:
+  """Writes a WordPiece tokenizer.json (+ tokenizer_config.json); returns the vocab size."""
+  roles = SPECIALS[kind]
+  cls, sep = roles["cls"], roles["sep"]
+  vocab = {t: i for i, t in enumerate(list(roles.values()) + list(words) + ["##s", "##ed", "##ing"])}
+  tok = Tokenizer(models.WordPiece(vocab, unk_token=roles["unk"]))
+  tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tok.post_processor = processors.TemplateProcessing(
+      single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B {sep}",
+      special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
+  tok.add_special_tokens(list(roles.values()))
+  tok.save(os.path.join(folder, "tokenizer.json"))
+  with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+    json.dump({"tokenizer_class": "BertTokenizer" if kind == "bert" else "MPNetTokenizer",
+               "model_max_length": 512, "do_lower_case": True,
+               **{f"{role}_token": token for role, token in roles.items()}}, f)
+  return len(vocab)
+
+
+def write_model(folder: str, kind: str, act: str = "gelu", seed: int = 0, prefix: str = "",
+                drop: str | None = None, reshape: str | None = None, words=WORDS,
+                max_positions: int = 170) -> str:
+  """Writes a tiny random BERT or MPNet folder (2 layers, n 32, 4 heads, usable positions
+  `max_positions`).
+
+  Args:
+    folder: created if needed.
+    kind: "bert" or "mpnet".
+    act: hidden_act.
+    seed: weights seed.
+    prefix: prepended to every weight name ("bert." as BertForMaskedLM checkpoints have).
+    drop: a weight name left out of model.safetensors.
+    reshape: a weight name stored with one extra row.
+    words: the WordPiece vocabulary besides the special tokens.
+    max_positions: the longest input in tokens.
+  """
   os.makedirs(folder, exist_ok=True)
-  vocab = os.path.join(folder, "vocab.txt")
-  with open(vocab, "w", encoding="utf-8") as f:
-    f.write("\n".join(TINY_VOCAB) + "\n")
-  cfg = transformers.BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=hidden,
-                                num_hidden_layers=layers, num_attention_heads=4,
-                                intermediate_size=2 * hidden, max_position_embeddings=128)
-  model = transformers.FlaxBertModel(cfg, seed=seed)
-  model.save_pretrained(folder)
-  transformers.BertTokenizerFast(vocab_file=vocab, do_lower_case=True).save_pretrained(folder)
+  vocab = write_tokenizer(folder, kind, words)
+  config = {"model_type": kind, "architectures": [f"{kind.upper()}Model"], "vocab_size": vocab,
+            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 64, "hidden_act": act, "hidden_dropout_prob": 0.1,
+            "attention_probs_dropout_prob": 0.1, "initializer_range": 0.02}
+  if kind == "bert":
+    config.update(max_position_embeddings=max_positions, type_vocab_size=2, layer_norm_eps=1e-12,
+                  pad_token_id=0)
+  else:
+    config.update(max_position_embeddings=max_positions + 2, relative_attention_num_buckets=32,
+                  layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+  with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  arch = load.ARCHITECTURES[kind]
+  module = arch.from_config(config)
+  shapes = {name: shape for sources, _ in arch.recipes(module).values()
+            for name, shape in sources}
+  shapes.update({"pooler.dense.weight": (32, 32), "pooler.dense.bias": (32,)})
+  rng = np.random.default_rng(seed)
+  weights = {}
+  for name, shape in sorted(shapes.items()):
+    if name == drop:
+      continue
+    if name == reshape:
+      shape = (shape[0] + 1,) + shape[1:]
+    w = rng.normal(scale=0.2, size=shape).astype(np.float32)
+    if name.endswith("LayerNorm.weight"):
+      w += 1.0
+    weights[prefix + name] = w
+  save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
   return folder
+
+
+def make_tiny_bert(folder: str, seed: int = 0) -> str:
+  """Writes a random tiny BERT (safetensors weights, WordPiece tokenizer.json) into `folder`."""
+  return write_model(folder, "bert", seed=seed)
 
 
 @pytest.fixture(scope="session")

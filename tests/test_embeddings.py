@@ -1,7 +1,8 @@
 """Frozen-encoder embeddings: pooling, bucketing, devices, token outputs and the on-disk cache.
 
 Most tests use a tiny random BERT (2 layers, hidden 32, a 100-word vocabulary written here) saved
-to a temporary folder; one test loads the real all-MiniLM-L6-v2 from its package.
+to a temporary folder, checked against a direct run of the encoder on one padded batch; one test
+loads the real all-MiniLM-L6-v2 from its package.
 """
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-import transformers
 
 from bilinear_ir import files
 from bilinear_ir.data import embeddings
+from bilinear_ir.data import encoders
 from bilinear_ir.data.collection import Collection
 from bilinear_ir.defaults import encoder_config
 from bilinear_ir.errors import InputError
+from conftest import write_model
 
 WORDS = (
     "the a of and in to is was for with on by that this from as are be at or an were not which "
@@ -37,43 +38,23 @@ MAX_POS = 64
 def tiny(tmp_path_factory):
   """A random 2-layer BERT (hidden 32, ~100-word vocabulary) saved as safetensors + tokenizer.
 
-  Returns (folder, reference) where `reference(texts, max_length)` runs the same weights through
-  `transformers.FlaxBertModel` directly: (last_hidden_state [N, max_length, n], mask [N, T]).
+  Returns (folder, reference) where `reference(texts, max_length)` runs the encoder directly on
+  one batch padded to `max_length` (no buckets, sorting, devices or cache: the twin of what
+  `embeddings` does; the encoder itself is checked against PyTorch in test_encoders.py):
+  (last_hidden_state [N, max_length, n], mask [N, max_length]).
   """
-  folder = str(tmp_path_factory.mktemp("tiny_bert"))
-  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
-  assert len(set(vocab)) == len(vocab)
-  vocab_file = os.path.join(folder, "vocab.txt")
-  with open(vocab_file, "w", encoding="utf-8") as f:
-    f.write("\n".join(vocab) + "\n")
-  config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=4, intermediate_size=64,
-                                   max_position_embeddings=MAX_POS, pad_token_id=0)
-  model = transformers.FlaxBertModel(config, _do_init=False)
-  # Random weights filled on the host (no compiled init): N(0, 0.02), LayerNorm scale 1, bias 0.
-  shapes = jax.eval_shape(lambda k: model.init_weights(k, (1, 8)), jax.random.key(0))
-  rng = np.random.default_rng(0)
-
-  def fill(path, leaf):
-    name = jax.tree_util.keystr(path)
-    if name.endswith("['scale']"):
-      return np.ones(leaf.shape, np.float32)
-    if name.endswith("['bias']"):
-      return np.zeros(leaf.shape, np.float32)
-    return rng.normal(0.0, 0.02, leaf.shape).astype(np.float32)
-
-  params = jax.tree_util.tree_map_with_path(fill, shapes)
-  model.save_pretrained(folder, params=params, safe_serialization=True)
-  tokenizer = transformers.BertTokenizerFast(vocab_file=vocab_file)
-  tokenizer.save_pretrained(folder)
-  hidden_fn = jax.jit(lambda p, i, m: model(i, attention_mask=m, token_type_ids=jnp.zeros_like(i),
-                                            params=p).last_hidden_state)
+  folder = write_model(str(tmp_path_factory.mktemp("tiny_bert")), "bert", words=WORDS,
+                       max_positions=MAX_POS)
+  encoder = encoders.load_folder(folder)
+  hidden_fn = jax.jit(encoder.hidden)
 
   def reference(texts: list[str], max_length: int):
-    batch = tokenizer(texts, padding="max_length", truncation=True, max_length=max_length,
-                      return_tensors="np")
-    hidden = hidden_fn(params, batch["input_ids"], batch["attention_mask"])
-    return np.asarray(hidden), batch["attention_mask"].astype(bool)
+    ids = encoder.tokenize(texts, max_length)
+    batch = np.full((len(ids), max_length), encoder.pad_id, np.int32)
+    mask = np.zeros((len(ids), max_length), np.int32)
+    for i, row in enumerate(ids):
+      batch[i, :len(row)], mask[i, :len(row)] = row, 1
+    return np.asarray(hidden_fn(encoder.params, batch, mask)), mask.astype(bool)
 
   return folder, reference
 
@@ -85,7 +66,7 @@ def tiny_model_dir(tiny) -> str:
 
 @pytest.fixture(scope="module")
 def reference13(tiny):
-  """TEXTS13 through transformers at max_length 48."""
+  """TEXTS13 through the encoder directly at max_length 48."""
   return tiny[1](TEXTS13, 48)
 
 
@@ -164,9 +145,9 @@ def test_one_compilation_per_bucket_not_per_batch(tiny_model_dir, tmp_path):
   embeddings._forward.cache_clear()  # pylint: disable=protected-access
   c = cfg(tiny_model_dir, str(tmp_path), batch_size=4)  # 10 batches
   embeddings.encode(texts, c, devices=jax.local_devices()[:1])
-  encoder = embeddings.load_encoder(tiny_model_dir)
+  encoder = embeddings.load_encoder(c)
   forward = embeddings._forward(encoder, False, False)  # pylint: disable=protected-access
-  lengths = [len(x) for x in encoder.tokenizer(texts, truncation=True, max_length=48)["input_ids"]]
+  lengths = [len(x) for x in encoder.tokenize(texts, 48)]
   buckets = embeddings.bucket_lengths(48)
   used = {min(b for b in buckets if b >= length) for length in lengths}
   assert forward._cache_size() == len(used) < 10  # pylint: disable=protected-access

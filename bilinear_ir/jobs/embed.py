@@ -31,8 +31,7 @@ def manifest(config: ml_collections.ConfigDict, collection, emb) -> dict:
   """What made the embeddings: the encoder block, the collection and content hashes."""
   return {
       "encoder": config.encoder.to_dict(),
-      "pooling": config.encoder.pooling, "normalize": bool(config.encoder.normalize),
-      "max_length": int(config.encoder.max_length),
+      **emb.manifest.get("settings", {}),
       "collection": {"name": collection.name, "format": config.data.format,
                      "docs": collection.num_docs, "queries": len(collection.queries),
                      "doc_ids_sha256": files.sha256_texts(list(emb.doc_ids)),
@@ -58,8 +57,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # py
              + [precomputed.MANIFEST]}
   md = (f"# embed: {collection.name}\n\n{len(emb.doc_ids)} docs and {len(emb.query_ids)} "
         f"queries, {info['dim']}-d ({config.encoder.model or 'all-MiniLM-L6-v2'}, "
-        f"{config.encoder.pooling} pooling, "
-        f"{'L2-normalised' if config.encoder.normalize else 'unnormalised'}), written to "
-        "`embeddings/`.\n")
+        f"{info.get('pooling')} pooling, "
+        f"{'L2-normalised' if info.get('normalize') else 'unnormalised'}, max_length "
+        f"{info.get('max_length')}), written to `embeddings/`.\n")
   return report.Report(results=results, markdown=md, folders={
       "embeddings": functools.partial(precomputed.write, embeddings=emb, manifest=info)})

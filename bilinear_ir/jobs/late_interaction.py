@@ -158,7 +158,8 @@ def _model_kwargs(config, name: str) -> dict[str, Any]:
 
 
 def _doc_len(config) -> int:
-  return int(config.encoder.doc_max_length) or int(config.encoder.max_length)
+  """Td: `encoder.doc_max_length`, else `encoder.max_length` (validate requires one)."""
+  return int(config.encoder.doc_max_length or config.encoder.max_length or 0)
 
 
 def build_row_model(config, name: str, dim: int):
@@ -295,6 +296,9 @@ def validate(config) -> None:
   validation.check_data(config.data)
   validation.one_of(config.data.folds, (0,), "data.folds")
   validation.check_encoder(config.encoder)
+  validation.one_of(config.encoder.kind, ("flax",), "encoder.kind")  # token outputs are needed
+  require(_doc_len(config) >= 2, "set encoder.doc_max_length (Td, the doc tokens kept)",
+          field="encoder.doc_max_length")
   validation.check_bm25(config.bm25)
   validation.integer(config.rerank.bm25_depth, "rerank.bm25_depth", 1)
   validation.integer(config.rerank.random_docs, "rerank.random_docs", 0)
@@ -430,6 +434,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
                          setting.cands[s], setting.split(s).query_ids,
                          prepared.collection.doc_ids, setting.split(s).qrels) for s in SPLITS}},
       "tokens": {"query_len": int(config.encoder.query_max_length), "doc_len": _doc_len(config),
+                 "pooled_max_length": prepared.embeddings.manifest["settings"]["max_length"],
                  "dim": int(setting.tokens.docs.shape[-1]),
                  "doc_tokens_truncated": _truncated_share(setting.tokens.doc_mask)},
       "storage": storage, "storage_dtype": str(dtype.name), "hardware": latency.hardware(),
@@ -508,7 +513,7 @@ def markdown(results: dict[str, Any], config) -> str:
          f"reachable. Tokens: Tq = {tok['query_len']}, Td = {tok['doc_len']} "
          f"({tok['doc_tokens_truncated']:.0%} of docs fill all Td slots, i.e. are cut), "
          f"n = {tok['dim']}; DE uses the pooled mean embedding of the first "
-         f"{config.encoder.max_length} tokens. Storage in {results['storage_dtype']}; latency = "
+         f"{tok['pooled_max_length']} tokens. Storage in {results['storage_dtype']}; latency = "
          f"median ms to score 1 query x {config.latency.docs} stored docs (query encoder "
          f"excluded), {results['hardware']}.\n\n"]
   table = []

@@ -7,6 +7,7 @@ where the block sits in the config (`"train"`, `"teacher.train"`).
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import numbers
 import os
@@ -21,6 +22,7 @@ from bilinear_ir.data import loaders
 from bilinear_ir.data import sparse
 from bilinear_ir.errors import InputError
 from bilinear_ir.errors import input_error
+from bilinear_ir.errors import missing_extra
 from bilinear_ir.errors import require
 from bilinear_ir.eval import metrics
 from bilinear_ir.retrieval import hybrid
@@ -114,19 +116,24 @@ def check_data(c, prefix: str = "data") -> None:
 
 def check_encoder(c, prefix: str = "encoder") -> None:
   """The `encoder` block: kind (and the folder of precomputed embeddings), pooling, lengths,
-  batch size."""
+  prompts, batch size. pooling, normalize and max_length may be None (the model's own)."""
   one_of(c.kind, ("flax", "precomputed"), f"{prefix}.kind")
   if c.kind == "precomputed":
     require(isinstance(c.path, str) and os.path.isdir(c.path),
             f"must be the folder of precomputed embeddings, got {c.path!r}", field=f"{prefix}.path")
   require(isinstance(c.model, str), "must be a string", field=f"{prefix}.model")
-  one_of(c.pooling, embeddings.POOLINGS, f"{prefix}.pooling")
-  require(isinstance(c.normalize, bool), "must be true or false", field=f"{prefix}.normalize")
-  integer(c.max_length, f"{prefix}.max_length", 2)
+  if c.pooling is not None:
+    one_of(c.pooling, embeddings.POOLINGS, f"{prefix}.pooling")
+  require(c.normalize is None or isinstance(c.normalize, bool), "must be true or false",
+          field=f"{prefix}.normalize")
+  if c.max_length is not None:
+    integer(c.max_length, f"{prefix}.max_length", 2)
   integer(c.query_max_length, f"{prefix}.query_max_length", 2)
   integer(c.doc_max_length, f"{prefix}.doc_max_length", 0)
   require(c.doc_max_length != 1, "must be 0 (= max_length) or >= 2",
           field=f"{prefix}.doc_max_length")
+  for key in ("query_prompt", "doc_prompt"):
+    require(isinstance(c[key], str), "must be a string", field=f"{prefix}.{key}")
   integer(c.batch_size, f"{prefix}.batch_size", 1)
 
 

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from bilinear_ir.errors import input_error
+from bilinear_ir.errors import missing_extra
 from bilinear_ir.retrieval import exact
 
 DEFAULT_BATCH = 65536  # docs per doc_table call while exporting
@@ -61,7 +62,10 @@ def export_faiss(module, params, docs, batch: int = DEFAULT_BATCH):
     docs: [N, n] doc embeddings (array-like; converted in batches of `batch`).
     batch: docs per doc_table call.
   """
-  import faiss  # pylint: disable=g-import-not-at-top
+  try:
+    import faiss  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise missing_extra("faiss-cpu", "faiss", "the FAISS export") from None
 
   table = doc_table_array(module, params, docs, batch)
   if table.shape[0] == 0:

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from bilinear_ir import progress
 from bilinear_ir.data.batches import BatchSampler, TrainSet
+from bilinear_ir.errors import missing_extra
 from bilinear_ir.errors import require
 from bilinear_ir.train import losses
 from bilinear_ir.train.checkpoints import Checkpoints
@@ -350,7 +351,10 @@ def _call_end(step: int, total: int, per_call: int, eval_every: int,
 def _writer(log_dir: str | None):
   if not log_dir or jax.process_index() != 0:
     return None
-  from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise missing_extra("tensorboardX", "tb", "train.tensorboard") from None
   os.makedirs(log_dir, exist_ok=True)
   return SummaryWriter(log_dir)
 

