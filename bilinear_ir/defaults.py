@@ -31,7 +31,8 @@ EMBEDDINGS = {
 }
 PRECOMPUTED = "precomputed:"
 # Encoder fields that change the embeddings (the retrieve job takes them from the saved model).
-ENCODER_FIELDS = ("kind", "path", "model", "pooling", "normalize", "max_length")
+ENCODER_FIELDS = ("kind", "path", "model", "pooling", "normalize", "max_length", "query_prompt",
+                  "doc_prompt")
 HYBRID_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # lam in 0, 0.05, ..., 1
 
 
@@ -263,6 +264,14 @@ def train_config() -> ml_collections.ConfigDict:
     steps_per_call: steps run by one jitted call (`train_steps`, a scan over that many batches
       sampled together). Calls end at every evaluation, checkpoint and the last step, so the
       cadences above are kept exactly; the result does not depend on it.
+    matmul_precision: precision of the training step's float32 matmuls
+      (`jax.default_matmul_precision` around the compiled step): "default" leaves JAX's setting
+      (the backend's default), or "bfloat16" / "tensorfloat32" / "float32" (aliases "high" =
+      "tensorfloat32", "highest" = "float32"). CPU computes float32 whatever the value; NVIDIA
+      GPUs from Ampere on use TF32 for "default", "bfloat16", "tensorfloat32" and float32 for
+      "float32" (older GPUs: float32 always); TPUs use one bf16 pass for "default" / "bfloat16",
+      three for "tensorfloat32", six (float32 accuracy) for "float32". Retrieval, certificates
+      and exact top-k always run at float32, whatever this says.
   """
   c = ml_collections.ConfigDict()
   c.loss = "softmax"
@@ -287,7 +296,9 @@ def train_config() -> ml_collections.ConfigDict:
   c.select_metric = "ndcg@10"
   c.checkpoint_every = 100
   c.keep_checkpoints = 2
+  c.tensorboard = False
   c.steps_per_call = 10
+  c.matmul_precision = "default"
   return c
 
 

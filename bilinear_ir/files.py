@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import posixpath
+import shutil
 import tempfile
 import zipfile
 from typing import Any, Iterator
@@ -38,6 +39,25 @@ def atomic_path(path: str) -> Iterator[str]:
   except BaseException:
     with contextlib.suppress(FileNotFoundError):
       os.remove(tmp)
+    raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str) -> Iterator[str]:
+  """Yields a temporary folder next to `path`; if the block succeeds it replaces `path` (an
+  existing folder there is removed), else it is removed. Readers never see a half-written
+  folder."""
+  path = os.path.abspath(path)
+  parent = os.path.dirname(path)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+  try:
+    yield tmp
+    if os.path.exists(path):
+      shutil.rmtree(path)
+    os.replace(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
     raise
 
 

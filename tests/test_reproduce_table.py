@@ -9,6 +9,7 @@ import pytest
 from bilinear_ir.eval import stats
 from bilinear_ir.jobs import common
 from bilinear_ir.jobs import reproduce_table
+from bilinear_ir.train import saved_model
 from conftest import write_beir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,3 +67,17 @@ def test_aggregate_uses_the_sample_std():
   assert std["m"] == pytest.approx(0.2)  # sqrt(((-.2)^2 + 0 + .2^2) / 2); ddof = 0 gives 0.163
   assert common.aggregate([{"m": 0.5}], ["m"])[1]["m"] == 0.0
   assert np.isclose(common.seed_mean([{"a": {"m": 1.0}}, {"a": {"m": 2.0}}], "m")["a"], 1.5)
+
+
+def test_every_trained_model_is_saved_and_reloads(table, tmp_path):
+  c, rep = table
+  rep.folders["models"](str(tmp_path / "models"))
+  got = sorted(os.path.relpath(os.path.join(d), tmp_path / "models")
+               for d, _, names in os.walk(tmp_path / "models") if "config.json" in names)
+  rows = ["bilinear", "lowrank_r4", "lowrank_r4_identity", "wdp"]
+  assert got == sorted(f"mean/{r}/seed{s}" for r in rows for s in c.seeds)
+  module, params, meta = saved_model.load_model(str(tmp_path / "models" / "mean" / "bilinear" /
+                                                    "seed1"))
+  assert meta["scorer"] == "bilinear" and meta["seed"] == 1 and params["W"].shape == (384, 384)
+  assert meta["embedding"]["pooling"] == "mean" and meta["embedding"]["normalize"] is True
+  assert module.dim == 384

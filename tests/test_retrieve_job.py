@@ -153,7 +153,7 @@ def test_bad_model_dir_exits_2_without_results(trained):
                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and "model.json" in lines[0] and "Traceback" not in proc.stderr
+  assert len(lines) == 1 and "config.json" in lines[0] and "Traceback" not in proc.stderr
   assert not (w / "results.json").exists()
 
 
@@ -215,9 +215,9 @@ def test_dot_product_mode_equals_numpy_brute_force(trained, tiny_bert_dir, tmp_p
 
 def test_encoder_comes_from_the_model_and_a_mismatch_is_an_error(trained, tiny_bert_dir):
   root, beir, cache = trained
-  meta = {"encoder": {"kind": "flax", "path": "", "model": tiny_bert_dir, "pooling": "mean",
-                      "normalize": True, "max_length": 32, "batch_size": 8,
-                      "cache_dir": "elsewhere"}}
+  meta = {"embedding": {"kind": "flax", "model": tiny_bert_dir, "pooling": "mean",
+                        "normalize": True, "max_length": 32, "query_prompt": "",
+                        "doc_prompt": ""}}
   cfg = _config(beir, cache, tiny_bert_dir).encoder
   cfg.model, cfg.max_length, cfg.batch_size = None, 32, 16
   out = job.resolve_encoder(cfg, meta)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from bilinear_ir import defaults
 from bilinear_ir.eval import metrics, trec
 from bilinear_ir.train import saved_model
 from conftest import REPO, write_beir
@@ -125,16 +126,21 @@ def test_unknown_scorer_exits_2_without_results(tmp_path, beir, tiny_bert_dir):
 
 def test_saved_model_reloads_and_scores_like_the_run(tmp_path, beir, tiny_bert_dir):
   from bilinear_ir.data import embeddings, loaders  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
   w = tmp_path / "w"
   proc = subprocess.run(_cmd(w, beir, tiny_bert_dir, tmp_path / "cache",
                              "--config.train.steps=20", "--config.train.eval_every=10"),
                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   module, params, meta = saved_model.load_model(str(w / "model"))
-  assert meta["model"]["scorer"] == "lowrank" and meta["model"]["rank"] == 4
-  coll = loaders.load(ml_collections.ConfigDict(meta["data"]))
-  emb = embeddings.embed_collection(coll, ml_collections.ConfigDict(meta["encoder"]))
+  assert meta["scorer"] == "lowrank" and meta["options"]["rank"] == 4 and meta["dim"] == 32
+  data = defaults.data_config()
+  data.format, data.path = "beir", beir
+  coll = loaders.load(data)
+  enc = defaults.encoder_config()
+  for key, value in meta["embedding"].items():
+    enc[key] = value
+  enc.cache_dir = str(tmp_path / "cache")
+  emb = embeddings.embed_collection(coll, enc)
   # The run's top doc of every test query is the reloaded model's argmax over the corpus.
   run = trec.read_run(str(w / "run.trec"))
   for qid, docs in list(run.items())[:5]:

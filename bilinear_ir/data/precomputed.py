@@ -15,8 +15,6 @@ nothing is unpickled. Any problem is an `InputError` naming the file (and the ro
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -127,7 +125,9 @@ def load(folder: str, collection: Collection, normalize: bool) -> Embeddings:
   if normalize:  # rows that are unit vectors already are kept as they are (no new rounding)
     docs, queries = _unit_rows(docs), _unit_rows(queries)
   manifest: dict[str, Any] = {"kind": "precomputed", "path": os.path.abspath(folder),
-                              "normalize": bool(normalize)}
+                              "normalize": bool(normalize),
+                              "settings": {"kind": "precomputed", "path": os.path.abspath(folder),
+                                           "normalize": bool(normalize)}}
   for part, names in PARTS.items():
     manifest[part] = {name: files.file_sha256(os.path.join(folder, name)) for name in names}
   extra = os.path.join(folder, MANIFEST)
@@ -143,20 +143,10 @@ def write(folder: str, embeddings: Embeddings, manifest: dict[str, Any]) -> None
   The files are written into a temporary folder next to `folder`, which then replaces it, so a
   reader never sees a half-written set.
   """
-  folder = os.path.abspath(folder)
-  parent = os.path.dirname(folder)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".tmp-embeddings-", dir=parent)
-  try:
+  with files.atomic_dir(folder) as tmp:
     for part, ids, rows in (("corpus", embeddings.doc_ids, embeddings.docs),
                             ("queries", embeddings.query_ids, embeddings.queries)):
       npy, txt = PARTS[part]
       files.atomic_save_npy(os.path.join(tmp, npy), np.asarray(rows, np.float32))
       files.atomic_write_text(os.path.join(tmp, txt), "".join(f"{i}\n" for i in ids))
     files.atomic_write_json(os.path.join(tmp, MANIFEST), manifest)
-    if os.path.exists(folder):
-      shutil.rmtree(folder)
-    os.replace(tmp, folder)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise

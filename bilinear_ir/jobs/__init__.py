@@ -15,7 +15,7 @@ from bilinear_ir.errors import input_error
 
 NAMES = ("train_eval", "reproduce_table", "lowrank_analysis", "mol", "late_interaction",
          "retrieve", "fidelity_bm25", "synthetic_agreement", "collection_stats", "embed",
-         "study")
+         "study", "export")
 
 
 def get(name: str) -> ModuleType:

@@ -8,6 +8,7 @@ model is selected on the dev split carved out of train; test is only evaluated.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from bilinear_ir.jobs import common
 from bilinear_ir.jobs import report
 from bilinear_ir.jobs import validation
 from bilinear_ir.retrieval import ranking
+from bilinear_ir.train import saved_model
 
 
 def model_grid(config) -> list[dict[str, Any]]:
@@ -31,6 +33,14 @@ def model_grid(config) -> list[dict[str, Any]]:
       grid.append({"scorer": "lowrank", "rank": int(r), "residual": residual})
   grid.append({"scorer": "bilinear", "rank": None, "residual": None})
   return grid
+
+
+def _slug(spec: dict[str, Any]) -> str:
+  """A folder name for a row: wdp, bilinear, lowrank_r32, lowrank_r32_identity."""
+  if spec["scorer"] != "lowrank":
+    return spec["scorer"]
+  return f"lowrank_r{spec['rank']}" + ("" if spec["residual"] == "none" else
+                                       f"_{spec['residual']}")
 
 
 def _label(spec: dict[str, Any]) -> str:
@@ -55,7 +65,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   grid = model_grid(config)
   measures = list(config.eval.measures)
   sel = config.train.select_metric
-  rows, runs, unseen_counts, per_query = [], {}, {}, []
+  rows, runs, unseen_counts, per_query, models = [], {}, {}, [], {}
   bar = progress.bar(len(config.embeddings) * len(grid) * len(config.seeds), "models",
                      unit="model")
   for emb_name, cfg, prepared, splitset in common.embeddings_of(config):
@@ -98,6 +108,11 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
                                                 for o in outs]))}}
       rows.append(row)
       per_query.append(common.seed_mean([o["per_query"] for o in outs], m0))
+      module = scorers.from_config(common.row_config(cfg, spec, 0).model, prepared.dim)
+      for seed, o in zip(config.seeds, outs):
+        models[f"{emb_name}/{_slug(spec)}/seed{seed}"] = (
+            module, o["params"], prepared.embeddings.manifest["settings"],
+            {"collection": prepared.collection.name, "seed": int(seed), "row": _label(spec)})
       trained.append((spec, outs, dev_mean))
       bar.write(f"{emb_name:>4} {_label(spec):<28} test {measures[0]} "
                 f"{mean[measures[0]]:.4f} +- {std[measures[0]]:.4f} (dev {sel} {dev_mean:.4f})")
@@ -135,7 +150,9 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
              "unseen_doc_queries": unseen_counts}
   return report.Report(results=results, markdown=markdown(rows, config, unseen_counts),
                        figures={"metric_vs_rank": plot(rows, config)},
-                       extra_files={"run_bm25.trec": trec.run_to_text(runs["bm25"], "bm25")})
+                       extra_files={"run_bm25.trec": trec.run_to_text(runs["bm25"], "bm25")},
+                       folders={"models": functools.partial(saved_model.save_many,
+                                                            models=models)})
 
 
 def _row_name(row: dict[str, Any]) -> str:

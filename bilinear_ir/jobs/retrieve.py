@@ -43,14 +43,15 @@ ENCODER_FIELDS = defaults.ENCODER_FIELDS  # configs/retrieve.py leaves them None
 
 
 def resolve_encoder(encoder_cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None,
-                    where: str = "model.json") -> ml_collections.ConfigDict:
-  """The encoder block to embed with: the model's encoder, checked against the config.
+                    where: str = "config.json") -> ml_collections.ConfigDict:
+  """The encoder block to embed with: the model's embedding, checked against the config.
 
   Args:
     encoder_cfg: `config.encoder`; a field of ENCODER_FIELDS that is None takes the model's
       value (the `encoder_config()` default without a model); a set value must equal it.
-    meta: the saved model's meta (`load_model`), or None for the untrained dot product.
-    where: the meta file, for messages.
+    meta: the saved model's config (`load_model`: its "embedding" holds the settings it was
+      trained on), or None for the untrained dot product.
+    where: the model's config file, for messages.
 
   Returns:
     A complete encoder block (its other fields, e.g. batch_size and cache_dir, from
@@ -59,10 +60,11 @@ def resolve_encoder(encoder_cfg: ml_collections.ConfigDict, meta: dict[str, Any]
   out = defaults.encoder_config()
   trained = None
   if meta is not None:
-    trained = meta.get("encoder")
-    if not isinstance(trained, dict) or any(f not in trained for f in ENCODER_FIELDS):
-      raise input_error(f"missing or incomplete (needs {list(ENCODER_FIELDS)})", file=where,
-                        field="encoder")
+    trained = meta.get("embedding")
+    if not isinstance(trained, dict) or trained.get("kind") not in ("flax", "precomputed"):
+      raise input_error("missing, or without a kind (flax | precomputed)", file=where,
+                        field="embedding")
+    trained = {f: trained.get(f, out[f]) for f in ENCODER_FIELDS}
   for field in ENCODER_FIELDS:
     value = encoder_cfg.get(field)
     if trained is not None:
@@ -86,9 +88,9 @@ def load_scorer(model_dir: str):
   """(module, params, meta) of a table scorer saved by `train.saved_model.save_model`."""
   module, params, meta = saved_model.load_model(model_dir)
   if not isinstance(module, TableScorer):
-    raise input_error(f"scorer {meta['model'].get('scorer')!r} has no query/doc tables; the "
-                      "retrieve job serves table scorers (dot, wdp, bilinear, lowrank)",
-                      file=os.path.join(model_dir, "model.json"), field="model.scorer")
+    raise input_error(f"scorer {meta['scorer']!r} has no query/doc tables; the retrieve job "
+                      "serves table scorers (dot, wdp, bilinear, lowrank)",
+                      file=os.path.join(model_dir, saved_model.CONFIG), field="scorer")
   return module, params, meta
 
 
@@ -115,7 +117,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   model_dir = os.path.abspath(config.model_dir) if config.model_dir else ""
   # The model first: a bad model_dir fails before any data is read or embedded.
   module, params, meta = load_scorer(model_dir) if model_dir else (None, {}, None)
-  encoder_cfg = resolve_encoder(config.encoder, meta, os.path.join(model_dir, "model.json"))
+  encoder_cfg = resolve_encoder(config.encoder, meta, os.path.join(model_dir, saved_model.CONFIG))
   coll = loaders.load(config.data)
   emb = pipeline.embed(coll, encoder_cfg)
   dim = int(emb.docs.shape[1])
@@ -123,7 +125,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
     module, params = dot_scorer(dim)
   else:
     require(meta["dim"] == dim, f"the model was trained on {meta['dim']}-d embeddings, the "
-            f"encoder gives {dim}-d", file=os.path.join(model_dir, "model.json"), field="dim")
+            f"encoder gives {dim}-d", file=os.path.join(model_dir, saved_model.CONFIG), field="dim")
   split = config.data.split
   if split:
     query_ids = coll.split_query_ids(split)

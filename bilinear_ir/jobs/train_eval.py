@@ -6,12 +6,13 @@ once by the fold that held it out.
 """
 from __future__ import annotations
 
+import functools
 import os
 
-import jax
 import ml_collections
 import numpy as np
 
+from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import trec
 from bilinear_ir.jobs import common
@@ -37,13 +38,15 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   `train.saved_model.load_model`."""
   prepared = pipeline.prepare(config)
   sets = pipeline.splits(prepared.collection, config.data, config.seed)
-  outs = []
+  module = scorers.from_config(config.model, prepared.dim)
+  embedding = prepared.embeddings.manifest["settings"]
+  outs, models = [], {}
   for s in sets:
-    sub = os.path.join(workdir, s.name) if len(sets) > 1 else workdir
-    outs.append(common.train_and_evaluate(config, prepared, s, sub))
-    if jax.process_index() == 0:
-      saved_model.save_model(os.path.join(sub, "model"), config, prepared.dim,
-                             outs[-1]["params"])
+    sub = s.name if len(sets) > 1 else ""
+    outs.append(common.train_and_evaluate(config, prepared, s, os.path.join(workdir, sub)))
+    models[os.path.join(sub, "model")] = functools.partial(
+        saved_model.save_model, module=module, params=outs[-1]["params"], embedding=embedding,
+        extra={"collection": prepared.collection.name, "seed": int(config.seed)})
   measures = list(config.eval.measures)
   header = ["split", "queries"] + measures
   rows = []
@@ -69,4 +72,5 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   md = (f"# train_eval: {config.model.scorer} on {prepared.collection.name} "
         f"({results['mode']} ranking)\n\n" + report.markdown_table(rows, header, digits=4))
   return report.Report(results=results, markdown=md,
-                       extra_files={"run.trec": trec.run_to_text(run_dict, config.model.scorer)})
+                       extra_files={"run.trec": trec.run_to_text(run_dict, config.model.scorer)},
+                       folders=models)

@@ -182,6 +182,9 @@ def check_train(c, prefix: str = "train") -> None:
   integer(c.checkpoint_every, f("checkpoint_every"), 1)
   integer(c.keep_checkpoints, f("keep_checkpoints"), 1)
   integer(c.steps_per_call, f("steps_per_call"), 1)
+  if c.get("tensorboard", False) and importlib.util.find_spec("tensorboardX") is None:
+    raise missing_extra("tensorboardX", "tb", f"{prefix}.tensorboard")
+  one_of(c.get("matmul_precision", "default"), trainer.MATMUL_PRECISIONS, f("matmul_precision"))
 
 
 def check_eval(c, prefix: str = "eval") -> None:

@@ -11,9 +11,15 @@ so retrieval is maximum inner product search over `doc_table` (any MIPS index ca
 """
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 from jax import lax
+import numpy as np
+
+from bilinear_ir.errors import input_error
 
 
 class TableScorer(nn.Module):
@@ -46,3 +52,26 @@ class TableScorer(nn.Module):
     a slower transposed product when differentiated).
     """
     return lax.dot_general(self.query_table(q), self.doc_table(docs), (((1,), (1,)), ((), ())))
+
+
+def table_matrices(module: TableScorer, params: Any) -> tuple[np.ndarray, np.ndarray]:
+  """The matrices of a linear table scorer: (A [n, w], B [n, w]) with
+  `query_table(q) = q A` and `doc_table(d) = d B` (dot: I, I; WDP: I, diag(v); bilinear: I, W^T;
+  low-rank: P, Q, or [I P], [I Q] for the residual form), so `score = q A B^T d^T`.
+
+  Read off the tables of the identity rows, then checked on random rows (a scorer whose tables
+  are not linear maps, e.g. a future one with a bias or a nonlinearity, is refused).
+  """
+  apply = jax.jit(lambda p, x, method: module.apply({"params": p}, x, method=method),
+                  static_argnames="method")
+  eye = np.eye(module.dim, dtype=np.float32)
+  a = np.asarray(apply(params, eye, method="query_table"), np.float64)
+  b = np.asarray(apply(params, eye, method="doc_table"), np.float64)
+  x = np.random.default_rng(0).normal(size=(8, module.dim)).astype(np.float32)
+  for got, want, side in ((apply(params, x, method="query_table"), x @ a, "query_table"),
+                          (apply(params, x, method="doc_table"), x @ b, "doc_table")):
+    got = np.asarray(got, np.float64)
+    if not np.allclose(got, want, rtol=1e-4, atol=1e-5 * (1.0 + np.abs(want).max())):
+      raise input_error(f"{type(module).__name__}.{side} is not a linear map; it cannot be "
+                        "exported as a matrix", file="model", field="scorer")
+  return a.astype(np.float32), b.astype(np.float32)

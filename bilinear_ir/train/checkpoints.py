@@ -5,16 +5,11 @@ metric, history), so a killed run resumes where it stopped and ends with the sam
 """
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
-
-from bilinear_ir.errors import input_error
 
 
 class Checkpoints:
@@ -61,45 +56,3 @@ class Checkpoints:
 
   def close(self) -> None:
     self._manager.close()
-
-
-def save_params(directory: str, params: Any, meta: dict[str, Any]) -> None:
-  """Saves trained params (orbax) and a JSON description (scorer name, options, dim, ...).
-
-  The folder is written next to its final place and renamed into it, so a reader never sees a
-  half-written model.
-  """
-  directory = os.path.abspath(directory)
-  parent = os.path.dirname(directory)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".tmp-model-", dir=parent)
-  try:
-    if jax.tree.leaves(params):  # parameter-free scorers (dot) store only model.json
-      with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(os.path.join(tmp, "params"), params)
-    with open(os.path.join(tmp, "model.json"), "w", encoding="utf-8") as f:
-      json.dump(meta, f, indent=2, sort_keys=True)
-    if os.path.exists(directory):
-      shutil.rmtree(directory)
-    os.replace(tmp, directory)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-
-
-def load_params(directory: str, template: Any | None = None) -> tuple[Any, dict[str, Any]]:
-  """Loads `(params, meta)` written by `save_params` (shaped like `template` if given)."""
-  directory = os.path.abspath(directory)
-  meta_path = os.path.join(directory, "model.json")
-  try:
-    with open(meta_path, encoding="utf-8") as f:
-      meta = json.load(f)
-  except (OSError, ValueError) as e:
-    raise input_error(f"not a saved model ({e})", file=meta_path) from e
-  if not os.path.exists(os.path.join(directory, "params")):
-    return {}, meta
-  with ocp.StandardCheckpointer() as ckptr:
-    abstract = None if template is None else jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                                                          template)
-    params = ckptr.restore(os.path.join(directory, "params"), abstract)
-  return params, meta

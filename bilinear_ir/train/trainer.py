@@ -29,6 +29,9 @@ from bilinear_ir.train.checkpoints import Checkpoints
 
 LOSSES = ("softmax", "margin", "kl", "margin_mse")
 DISTILLATION_LOSSES = ("kl", "margin_mse")
+# `train.matmul_precision` values (`jax.default_matmul_precision` names; "default": JAX's own
+# setting). What each backend computes is in `defaults.train_config`.
+MATMUL_PRECISIONS = ("default", "bfloat16", "tensorfloat32", "float32", "high", "highest")
 
 
 def data_mesh() -> jax.sharding.Mesh:
@@ -76,6 +79,7 @@ class StepConfig(NamedTuple):
   weight_decay: float
   clip_norm: float
   teacher_temperature: float = 1.0
+  matmul_precision: str = "default"
 
 
 def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_feats, q_rows,
@@ -148,11 +152,18 @@ def train_steps(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teach
 
   Returns:
     (new state, {"loss", "grad_norm", "param_norm"} each [L], one value per step).
+
+  Every matmul of the step is traced at `hp.matmul_precision` (`train.matmul_precision`; a
+  static part of the compiled step).
   """
-  return jax.lax.scan(
+  run = lambda: jax.lax.scan(
       lambda st, batch: _step(st, params0, q_feats, d_feats, *batch, teacher, module, hp,
                               aux_loss),
       state, (q_rows, cand_rows, mask))
+  if hp.matmul_precision == "default":
+    return run()
+  with jax.default_matmul_precision(hp.matmul_precision):
+    return run()
 
 
 @dataclasses.dataclass
@@ -220,6 +231,9 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   require(cfg.temperature > 0, f"must be > 0, got {cfg.temperature}", field="train.temperature")
   require(cfg.steps_per_call >= 1, f"must be >= 1, got {cfg.steps_per_call}",
           field="train.steps_per_call")
+  precision = str(cfg.get("matmul_precision", "default"))
+  require(precision in MATMUL_PRECISIONS, f"must be one of {MATMUL_PRECISIONS}, got "
+          f"{precision!r}", field="train.matmul_precision")
   distill = cfg.loss in DISTILLATION_LOSSES
   require(distill == (teacher_scores is not None),
           f"train.loss {cfg.loss!r} {'needs' if distill else 'takes no'} teacher scores",
@@ -257,7 +271,8 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
                   warmup_steps=int(cfg.warmup_steps), total_steps=int(total),
                   end_lr_fraction=float(cfg.end_lr_fraction),
                   weight_decay=float(cfg.weight_decay), clip_norm=float(cfg.clip_norm),
-                  teacher_temperature=float(cfg.get("teacher_temperature", 1.0)))
+                  teacher_temperature=float(cfg.get("teacher_temperature", 1.0)),
+                  matmul_precision=precision)
   tx = make_optimizer(hp, total)
   # Batches stacked [L, ...]: the batch axis is split over devices, candidates replicated.
   batch_sh = (NamedSharding(mesh, P(None, "data")), repl,

@@ -1,0 +1,106 @@
+"""The `export` job: a trained table similarity out of the project.
+
+    configs/export.py:model_dir=W/model,format=sentence-transformers   -> WORKDIR/export/
+    configs/export.py:model_dir=W/model,format=head                    -> WORKDIR/export/
+    configs/export.py:model_dir=W/model,format=faiss                   -> WORKDIR/export/
+
+`sentence-transformers`: a folder `SentenceTransformer(path)` loads (the encoder, its pooling
+and normalisation, a query / document `Router` of two `Dense` layers; `train.export`), so
+`encode_query(q) @ encode_document(d).T` gives the model's scores. `head`: the two matrices alone
+(for models over precomputed embeddings, which have no encoder to ship). `faiss`: an
+`IndexFlatIP` over the doc table of `data`'s collection (`retrieval.faiss_export`), its doc ids
+and the query head. Every format carries `bilinear_ir.json`, what it was exported from.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import ml_collections
+import numpy as np
+
+from bilinear_ir import defaults
+from bilinear_ir import files
+from bilinear_ir.data import encoders
+from bilinear_ir.data import embeddings as embeddings_lib
+from bilinear_ir.data import loaders
+from bilinear_ir.data import pipeline
+from bilinear_ir.errors import input_error
+from bilinear_ir.errors import require
+from bilinear_ir.jobs import report
+from bilinear_ir.jobs import validation
+from bilinear_ir.retrieval import faiss_export
+from bilinear_ir.scorers.base import TableScorer
+from bilinear_ir.scorers.base import table_matrices
+from bilinear_ir.train import export
+from bilinear_ir.train import saved_model
+
+FORMATS = ("sentence-transformers", "head", "faiss")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Refuses a bad config before any work (`jobs.validation`)."""
+  validation.one_of(config.format, FORMATS, "format")
+  require(isinstance(config.model_dir, str) and config.model_dir != "",
+          "must name a saved model folder (a train_eval WORKDIR/model)", field="model_dir")
+  if not os.path.isdir(config.model_dir):
+    raise input_error("no such model folder (a train_eval WORKDIR/model)",
+                      file=config.model_dir, field="model_dir")
+  if config.format == "faiss":
+    validation.check_data(config.data)
+
+
+def _encoder_config(settings: dict, cache_dir: str) -> ml_collections.ConfigDict:
+  c = defaults.encoder_config()
+  for key, value in settings.items():
+    if key in c:
+      c[key] = value
+  c.cache_dir = cache_dir
+  return c
+
+
+def _write_faiss(path: str, index, doc_ids: list[str], a: np.ndarray, description: dict):
+  """index.faiss, doc_ids.txt, query_head.npy ([n, w]: q -> q A), bilinear_ir.json."""
+  import faiss  # pylint: disable=g-import-not-at-top  (present: export_faiss built the index)
+  with files.atomic_dir(path) as tmp:
+    faiss.write_index(index, os.path.join(tmp, "index.faiss"))
+    files.atomic_write_text(os.path.join(tmp, "doc_ids.txt"), "".join(f"{d}\n" for d in doc_ids))
+    files.atomic_save_npy(os.path.join(tmp, "query_head.npy"), a)
+    files.atomic_write_json(os.path.join(tmp, "bilinear_ir.json"), description)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # pylint: disable=unused-argument
+  """The `export` job (configs/export.py)."""
+  module, params, meta = saved_model.load_model(config.model_dir)
+  if not isinstance(module, TableScorer):
+    raise input_error(f"scorer {meta['scorer']!r} has no query/doc tables to export (table "
+                      "scorers: dot, wdp, bilinear, lowrank)",
+                      file=os.path.join(config.model_dir, saved_model.CONFIG), field="scorer")
+  a, b = table_matrices(module, params)
+  settings = meta["embedding"]
+  description = {"model_dir": os.path.abspath(config.model_dir), "scorer": meta["scorer"],
+                 "options": meta["options"], "dim": meta["dim"], "embedding": settings,
+                 "params_sha256": meta["params_sha256"], "format": config.format,
+                 "table_width": int(a.shape[1])}
+  cache_dir = embeddings_lib.resolve_cache_dir(config.encoder.cache_dir)
+  if config.format == "sentence-transformers":
+    if settings.get("kind") != "flax":
+      raise input_error("the model was trained on precomputed embeddings, so there is no "
+                        "encoder to ship; export format=head", file="config", field="format")
+    _, folder = encoders.resolve(settings["model"], cache_dir)
+    model = export.sentence_transformer(a, b, folder, settings)  # built now: errors before writes
+    writer = functools.partial(export.save_sentence_transformer, model=model,
+                               description=description)
+  elif config.format == "head":
+    writer = functools.partial(export.head, a=a, b=b, description=description)
+  else:
+    coll = loaders.load(config.data)
+    emb = pipeline.embed(coll, _encoder_config(settings, config.encoder.cache_dir))
+    index = faiss_export.export_faiss(module, params, emb.docs)
+    writer = functools.partial(_write_faiss, index=index, doc_ids=list(emb.doc_ids), a=a,
+                               description={**description, "collection": coll.name})
+  md = (f"# export: {meta['scorer']} ({config.format})\n\nFrom `{config.model_dir}`: query and "
+        f"doc tables of width {a.shape[1]} over {meta['dim']}-d embeddings "
+        f"({settings.get('model') or settings.get('path') or 'all-MiniLM-L6-v2'}); written to "
+        "`export/`.\n")
+  return report.Report(results=description, markdown=md, folders={"export": writer})

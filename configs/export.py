@@ -1,0 +1,32 @@
+r"""export: a trained table similarity (dot, wdp, bilinear, lowrank) in another tool's format.
+
+  python -m bilinear_ir.main \
+      --config=configs/export.py:model_dir=runs/w/model,format=sentence-transformers \
+      --workdir=runs/export_st
+  # then, in any Python with sentence-transformers:
+  #   model = SentenceTransformer("runs/export_st/export")
+  #   scores = model.encode_query(queries) @ model.encode_document(docs).T
+
+Args (after `:`): model_dir (a train_eval WORKDIR/model, or one of reproduce_table's
+WORKDIR/models/...), format: sentence-transformers (needs the `st` extra), head (the two
+matrices alone: models over precomputed embeddings) or faiss (an IndexFlatIP over the doc table
+of `data`'s collection; needs the `faiss` extra; `--config.data.format=beir
+--config.data.path=DIR` for another collection).
+"""
+from ml_collections import ConfigDict
+
+from bilinear_ir import defaults
+
+
+def get_config(arg=None):
+  a = defaults.parse_args(arg, {"model_dir": "", "format": "sentence-transformers"})
+  c = ConfigDict()
+  c.job = "export"
+  c.seed = 0                       # unused (the export is deterministic); every config has one
+  c.model_dir = a["model_dir"]     # the saved model (config.json + model.safetensors)
+  c.format = a["format"]           # sentence-transformers | head | faiss
+  c.data = defaults.data_config()  # format faiss: the collection whose docs are indexed
+  c.encoder = ConfigDict()         # where the encoder's cache (and all-mpnet-base-v2) live
+  c.encoder.cache_dir = ""         # "" = $BILINEAR_IR_CACHE or ~/.cache/bilinear_ir
+  c.distributed = False
+  return c
