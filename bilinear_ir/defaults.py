@@ -225,10 +225,45 @@ def model_config() -> ml_collections.ConfigDict:
   return c
 
 
+def ict_config() -> ml_collections.ConfigDict:
+  """Training pairs the corpus makes itself (inverse cloze; bilinear_ir.data.ict).
+
+  Fields:
+    query: "span" (a run of min_words..max_words consecutive words of the doc) or "sentence"
+      (one of its sentences with at least min_words words).
+    min_words, max_words: the span's length range in words (paper 002: 5..25).
+    remove_prob: the positive is the doc with the span removed with this probability, the doc
+      as it is otherwise (ICT: 0.9).
+    pairs_per_doc: pairs drawn from each doc.
+    dev_docs: docs whose pairs are held out to select the model (source "ict"; never test
+      queries).
+    epochs: passes over the training pairs when train.source is "ict" (and train.steps is 0).
+    ratio: source "both": ICT pairs mixed in per judged (qrels) pair.
+    seed: the pairs are a fixed dataset drawn by this seed (as judged pairs are fixed); the
+      run's seed varies the init and the batches.
+  """
+  c = ml_collections.ConfigDict()
+  c.query = "span"
+  c.min_words = 5
+  c.max_words = 25
+  c.remove_prob = 0.9
+  c.pairs_per_doc = 1
+  c.dev_docs = 300
+  c.epochs = 10
+  c.ratio = 1.0
+  c.seed = 0
+  return c
+
+
 def train_config() -> ml_collections.ConfigDict:
   """Every training knob and its meaning.
 
   Fields:
+    source: the training pairs: "qrels" (judged pairs of the training split), "ict" (pairs the
+      corpus makes itself, `ict`; no judgement is read, the model is selected on held-out
+      ICT pairs) or "both" (judged pairs plus `ict.ratio` ICT pairs per judged pair, selected
+      on the judged dev split).
+    ict: the inverse-cloze pairs (`ict_config`).
     loss: "softmax" (cross entropy of the positive against in-batch + sampled negatives) or
       "margin" (hinge `max(0, margin - (s_pos - s_neg))` over each query's sampled negatives, the
       paper's public implementation; its margin is in score units, so it depends on the scale),
@@ -274,6 +309,8 @@ def train_config() -> ml_collections.ConfigDict:
       and exact top-k always run at float32, whatever this says.
   """
   c = ml_collections.ConfigDict()
+  c.source = "qrels"
+  c.ict = ict_config()
   c.loss = "softmax"
   c.temperature = 0.1
   c.auto_temperature = True

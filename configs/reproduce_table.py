@@ -19,6 +19,8 @@ from bilinear_ir import defaults
 def get_config(arg=None):
   a = defaults.parse_args(arg, {"seeds": (0, 1, 2), "ranks": (2, 4, 8, 16, 32, 64, 96, 128),
                               "embeddings": ("mean", "cls"), "residuals": ("none", "identity"),
+                              "sources": ("ict", "both"),
+                              "source_rows": ("bilinear", "lowrank_r32_identity"),
                               "quick": False})
   c = ConfigDict()
   c.job = "reproduce_table"
@@ -27,6 +29,10 @@ def get_config(arg=None):
   c.embeddings = a["embeddings"]   # "mean" and/or "cls" (defaults.EMBEDDINGS)
   c.ranks = a["ranks"] if not a["quick"] else (2, 32, 128)
   c.residuals = a["residuals"] if not a["quick"] else ("none",)
+  # The rows (`source_rows`, names as the models/ folders) trained again on other pairs:
+  # "ict" (pairs the corpus makes itself, no judgement read) and "both" (judged + ICT pairs).
+  c.sources = a["sources"] if not a["quick"] else ()
+  c.source_rows = a["source_rows"]
   # data, encoder, bm25, model, train (+ per-embedding train_overrides), hybrid, eval: the
   # table's recipe (see defaults.table_recipe for each block's role).
   defaults.table_recipe(c)

@@ -9,7 +9,7 @@ Args (after `:`, comma separated; lists joined by `+`): collections (scifact, ca
 shipped with the package; or a BEIR folder or zip), embeddings (names of defaults.EMBEDDINGS:
 mean, cls, mpnet-mean, mpnet-cls; or precomputed:DIR), seeds, folds (K of the cross-validation
 of test-only collections), ranks (of the residual low-rank rows), models (wdp, bilinear,
-lowrank), quick (bool: one seed, 3 folds, scifact + med, mean only: a smoke run).
+lowrank), ict_rows (e.g. bilinear+lowrank_r32: also trained on ICT pairs), quick (bool: one seed, 3 folds, scifact + med, mean only: a smoke run).
 """
 from ml_collections import ConfigDict
 
@@ -20,7 +20,8 @@ def get_config(arg=None):
   a = defaults.parse_args(arg, {"collections": ("scifact", "cacm", "med", "lisa"),
                                 "embeddings": ("mean", "cls"), "seeds": (0, 1, 2), "folds": 5,
                                 "ranks": (8, 32, 128),
-                                "models": ("wdp", "bilinear", "lowrank"), "quick": False})
+                                "models": ("wdp", "bilinear", "lowrank"),
+                                "ict_rows": ("bilinear", "lowrank_r32"), "quick": False})
   c = ConfigDict()
   c.job = "study"
   c.seed = 0                        # splits and folds (dev carve-outs), statistics' resampling
@@ -30,6 +31,9 @@ def get_config(arg=None):
   c.folds = a["folds"] if not a["quick"] else 3  # K-fold CV of collections with no train split
   c.ranks = a["ranks"]              # residual I + P Q^T rows (lowrank_r{r})
   c.models = a["models"]            # trained rows; "learned" = the dev-selected one of them
+  # Rows (names of the trained rows) also trained on pairs the corpus makes itself (inverse
+  # cloze): rows "<name>_ict", evaluated on every query, no folds (no query is trained on).
+  c.ict_rows = a["ict_rows"] if not a["quick"] else ()
   # data, encoder, bm25, model, train (+ per-embedding train_overrides), hybrid, eval: the
   # bilinear table's recipe (defaults.table_recipe). With only ~30-50 judged queries, a fifth of
   # each training fold is held out as dev (0.1 would leave 3-4 queries to select on).

@@ -22,13 +22,14 @@ def table(tmp_path_factory):
       "table_cfg", os.path.join(REPO, "configs", "reproduce_table.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  c = module.get_config("seeds=0+1,ranks=4,embeddings=mean")
+  c = module.get_config("seeds=0+1,ranks=4,embeddings=mean,source_rows=bilinear")
   c.data.format, c.data.path = "beir", write_beir(str(root / "beir"), num_docs=40,
                                                    num_queries=30, seed=3)
   c.data.dev_fraction = 0.3
   c.train.steps, c.train.eval_every, c.train.batch_size = 12, 4, 8
   c.encoder.max_length, c.encoder.cache_dir = 32, str(root / "cache")
   c.stats.resamples = 500
+  c.train.ict.dev_docs = 8
   c.hybrid.depth = 10
   reproduce_table.validate(c)
   return c, reproduce_table.run(c, str(root / "w"))
@@ -38,7 +39,8 @@ def test_every_row_is_compared_with_dot_and_bm25_holm_adjusted(table):
   _, rep = table
   rows = rep.results["rows"]
   assert [r["scorer"] for r in rows] == ["dot", "bm25", "wdp", "lowrank", "lowrank", "bilinear",
-                                         "hybrid"]
+                                         "bilinear", "bilinear", "hybrid"]
+  assert [r.get("source") for r in rows[5:8]] == ["qrels", "ict", "both"]
   assert "vs_dot" not in rows[0] and "vs_bm25" not in rows[1]
   family = [r["vs_dot"] for r in rows[1:]]
   assert [c["p_holm"] for c in family] == pytest.approx(stats.holm([c["p_perm"] for c in family]))
@@ -53,7 +55,8 @@ def test_every_row_is_compared_with_dot_and_bm25_holm_adjusted(table):
 def test_findings_name_the_learned_row_best_on_dev(table):
   c, rep = table
   rows = rep.results["rows"]
-  learned = [r for r in rows if r["scorer"] in ("wdp", "lowrank", "bilinear")]
+  learned = [r for r in rows if r["scorer"] in ("wdp", "lowrank", "bilinear")
+             and r["source"] != "ict"]  # ICT rows select on ICT pairs, not comparable
   best = max(learned, key=lambda r: r["dev"][c.train.select_metric])
   name = reproduce_table._row_name(best)  # pylint: disable=protected-access
   assert f"The learned similarity best on dev: {name} {best['metrics']['ndcg@10']:.4f}" in (
@@ -74,7 +77,7 @@ def test_every_trained_model_is_saved_and_reloads(table, tmp_path):
   rep.folders["models"](str(tmp_path / "models"))
   got = sorted(os.path.relpath(os.path.join(d), tmp_path / "models")
                for d, _, names in os.walk(tmp_path / "models") if "config.json" in names)
-  rows = ["bilinear", "lowrank_r4", "lowrank_r4_identity", "wdp"]
+  rows = ["bilinear", "bilinear_both", "bilinear_ict", "lowrank_r4", "lowrank_r4_identity", "wdp"]
   assert got == sorted(f"mean/{r}/seed{s}" for r in rows for s in c.seeds)
   module, params, meta = saved_model.load_model(str(tmp_path / "models" / "mean" / "bilinear" /
                                                     "seed1"))

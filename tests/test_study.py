@@ -26,10 +26,11 @@ def _config(collections, cache):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config(f"collections={'+'.join(collections)},embeddings=mean,seeds=0+1,folds=3,"
-                        "ranks=4")
+                        "ranks=4,ict_rows=bilinear")
   c.train.steps, c.train.eval_every, c.train.batch_size = 12, 6, 8
   c.encoder.max_length, c.encoder.cache_dir = 32, str(cache)
   c.stats.resamples = 500
+  c.train.ict.dev_docs = 6
   c.hybrid.depth = 10
   return c
 
@@ -47,7 +48,7 @@ def study_run(tmp_path_factory):
 
 def test_rows_cover_every_model_and_every_query_once(study_run):
   config, res = study_run
-  models = ["dot", "bm25", "wdp", "bilinear", "lowrank_r4", "learned", "hybrid"]
+  models = ["dot", "bm25", "wdp", "bilinear", "lowrank_r4", "learned", "hybrid", "bilinear_ict"]
   for coll, n_q in (("split", 12), ("only", 15)):
     rows = [r for r in res["rows"] if r["collection"] == coll]
     assert [r["model"] for r in rows] == models
@@ -91,7 +92,8 @@ def test_comparisons_are_paired_and_holm_adjusted(study_run):
     assert r["vs_dot"]["ci95"][0] <= r["vs_dot"]["diff"] <= r["vs_dot"]["ci95"][1]
     assert r["vs_dot"]["p_holm"] >= r["vs_dot"]["p_perm"]
   counts = {m: sum(c.values()) for m, c in res["summary"].items()}
-  assert counts == {m: 2 for m in ["bm25", "wdp", "bilinear", "lowrank_r4", "learned", "hybrid"]}
+  assert counts == {m: 2 for m in ["bm25", "wdp", "bilinear", "lowrank_r4", "learned", "hybrid",
+                                   "bilinear_ict"]}
 
 
 def test_unseen_doc_queries_follow_the_folds(study_run):
@@ -113,7 +115,7 @@ def test_study_through_main_writes_table_and_forest_plot(tmp_path):
   out = subprocess.run(
       [sys.executable, "-m", "bilinear_ir.main",
        f"--config=configs/study.py:collections={data},embeddings=mean,seeds=0,folds=3,ranks=4,"
-       "models=bilinear+lowrank", "--config.train.steps=6", "--config.train.eval_every=3",
+       "models=bilinear+lowrank,ict_rows=", "--config.train.ict.dev_docs=4", "--config.train.steps=6", "--config.train.eval_every=3",
        "--config.train.batch_size=8", "--config.encoder.max_length=32",
        f"--config.encoder.cache_dir={tmp_path / 'cache'}", "--config.stats.resamples=200",
        f"--workdir={w}"], cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -23,23 +23,30 @@ class TrainSet:
     num_docs: N, rows of the doc features.
     hard_negatives: [Q, H] int doc rows per query (e.g. BM25 top-H minus the positives),
       valid entries first and -1 after them where a query has fewer; or None.
+    excluded: [E, 2] int (query row, doc row) pairs that are neither positives nor negatives
+      (e.g. the doc an inverse-cloze span was cut from); or None.
   """
   pairs: np.ndarray
   num_queries: int
   num_docs: int
   hard_negatives: np.ndarray | None = None
+  excluded: np.ndarray | None = None
 
   def __post_init__(self):
     self.pairs = np.asarray(self.pairs, np.int64).reshape(-1, 2)
     require(len(self.pairs) > 0, "no training pairs (no judged queries in the training split)",
             field="data.train_split")
-    # Positives per query row, CSR style: docs of row q are _pos_docs[_pos_start[q]:_pos_start[q+1]].
-    order = np.argsort(self.pairs[:, 0], kind="stable")
-    self._pos_docs = self.pairs[order, 1]
-    self._pos_start = np.searchsorted(self.pairs[order, 0], np.arange(self.num_queries + 1))
+    masked = self.pairs if self.excluded is None else np.concatenate(
+        [self.pairs, np.asarray(self.excluded, np.int64).reshape(-1, 2)])
+    # Positives (and excluded docs) per query row, CSR style: docs of row q are
+    # _pos_docs[_pos_start[q]:_pos_start[q+1]].
+    order = np.argsort(masked[:, 0], kind="stable")
+    self._pos_docs = masked[order, 1]
+    self._pos_start = np.searchsorted(masked[order, 0], np.arange(self.num_queries + 1))
 
   def positive_mask(self, q_rows: np.ndarray, cand_rows: np.ndarray) -> np.ndarray:
-    """[B, C] bool: is candidate doc `cand_rows[c]` judged relevant to query `q_rows[b]`.
+    """[B, C] bool: is candidate doc `cand_rows[c]` judged relevant to query `q_rows[b]` (or
+    excluded for it), i.e. not a negative of it.
 
     Vectorised, O(C log C + positives of the batch), independent of the number of pairs.
     """

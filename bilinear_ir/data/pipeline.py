@@ -14,6 +14,7 @@ import numpy as np
 
 from bilinear_ir.data import collection as collection_lib
 from bilinear_ir.data import embeddings as embeddings_lib
+from bilinear_ir.data import ict
 from bilinear_ir.data import loaders
 from bilinear_ir.data import precomputed
 from bilinear_ir.data import sparse
@@ -125,6 +126,14 @@ def reembed(prepared: Prepared, encoder_cfg: ml_collections.ConfigDict) -> Prepa
   return dataclasses.replace(prepared, embeddings=emb)
 
 
+def test_only(coll: collection_lib.Collection, data_cfg: ml_collections.ConfigDict
+              ) -> list[SplitSet]:
+  """Every query of `data.split` as the test split, nothing to train or select on (models that
+  train on pairs the corpus makes itself, `train.source = "ict"`, or none at all)."""
+  test = _split("test", coll.qrels[data_cfg.split], coll.split_query_ids(data_cfg.split))
+  return [SplitSet("main", Split("train", [], {}), Split("dev", [], {}), test)]
+
+
 def _split(name: str, qrels: dict[str, dict[str, int]], qids: list[str]) -> Split:
   return Split(name, sorted(qids), {q: dict(qrels[q]) for q in qids})
 
@@ -156,6 +165,76 @@ def splits(coll: collection_lib.Collection, data_cfg: ml_collections.ConfigDict,
   q_train = qrels[data_cfg.train_split]
   return [SplitSet("main", _split("train", q_train, train), _split("dev", q_train, dev),
                    _split("test", qrels[data_cfg.split], test_qids))]
+
+
+@dataclasses.dataclass
+class IctSet:
+  """Inverse-cloze pairs of a collection (`data.ict`) with their embeddings.
+
+  Attributes:
+    pairs: the pairs (texts, source docs, which were cut, which are dev).
+    queries: [M] x [n] float32 embeddings of the span queries (`encoder.query_prompt` before).
+    extra_docs: [R, n] float32 embeddings of the R positives whose span was removed.
+    positive_rows: [M] each pair's positive as a row of `concat(corpus docs, extra_docs)`: its
+      source doc when the span was kept, N + j for the j-th cut one.
+    bm25_idx: [M, depth] BM25 top docs of each span query over the corpus.
+  """
+  pairs: ict.Pairs
+  queries: np.ndarray
+  extra_docs: np.ndarray
+  positive_rows: np.ndarray
+  bm25_idx: np.ndarray
+
+
+_ICT_CACHE: dict[tuple, IctSet] = {}
+
+
+def ict_set(prepared: Prepared, encoder_cfg: ml_collections.ConfigDict,
+            ict_cfg: ml_collections.ConfigDict, depth: int) -> IctSet:
+  """The ICT pairs of `prepared.collection` (drawn by `ict_cfg.seed`), embedded by
+  `encoder_cfg` (the encoder of the collection's embeddings; cached on disk like every text),
+  with each span's BM25 top-`depth`. Kept in memory for the jobs that train several models."""
+  require(encoder_cfg.kind == "flax", "ICT pairs are new texts, so they need the encoder; "
+          "precomputed embeddings cannot embed them", field="encoder.kind")
+  key = (id(prepared.collection), repr(sorted(encoder_cfg.items())),
+         repr(sorted(ict_cfg.items())), int(depth))
+  if key not in _ICT_CACHE:
+    pairs = ict.sample(prepared.collection.doc_strings(), ict_cfg, int(ict_cfg.seed))
+    queries = embeddings_lib.encode(pairs.queries, encoder_cfg,
+                                    prefix=str(encoder_cfg.query_prompt), desc="ict queries")
+    cut = np.flatnonzero(pairs.removed)
+    extra = embeddings_lib.encode([pairs.positives[i] for i in cut], encoder_cfg,
+                                  prefix=str(encoder_cfg.doc_prompt), desc="ict positives")
+    rows = pairs.sources.copy()
+    rows[cut] = prepared.collection.num_docs + np.arange(len(cut))
+    idx, _ = prepared.bm25.topk(pairs.queries, min(int(depth), prepared.collection.num_docs))
+    if len(_ICT_CACHE) >= 4:
+      _ICT_CACHE.pop(next(iter(_ICT_CACHE)))
+    _ICT_CACHE[key] = IctSet(pairs, queries, extra.reshape(-1, queries.shape[1]), rows,
+                             np.asarray(idx))
+  return _ICT_CACHE[key]
+
+
+def ict_trainset(data: IctSet, keep: np.ndarray, num_docs: int, hard_depth: int,
+                 query_offset: int = 0) -> TrainSet:
+  """The training pairs of the ICT pairs where `keep` [M] bool, as rows `query_offset + i` of the
+  kept queries; the doc a span was cut from is neither a positive nor a negative of it.
+
+  Returns:
+    A `TrainSet` over `query_offset + keep.sum()` query rows; random negatives are drawn from the
+    N corpus docs only (the cut positives are rows N.. of the doc features).
+  """
+  idx = np.flatnonzero(keep)
+  q = query_offset + np.arange(len(idx))
+  pairs = np.stack([q, data.positive_rows[idx]], axis=1)
+  cut = data.pairs.removed[idx]
+  excluded = np.stack([q[cut], data.pairs.sources[idx][cut]], axis=1)
+  pool = None
+  if hard_depth:
+    ranked = np.full((query_offset + len(idx), data.bm25_idx.shape[1]), -1, np.int64)
+    ranked[query_offset:] = data.bm25_idx[idx]
+    pool = hard_negative_pool(np.concatenate([pairs, excluded]), ranked, hard_depth)
+  return TrainSet(pairs, query_offset + len(idx), num_docs, pool, excluded)
 
 
 def trainset(prepared: Prepared, split: Split, hard_depth: int) -> tuple[TrainSet, np.ndarray]:

@@ -8,6 +8,7 @@ build and summarise the rows of a table over seeds.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ import numpy as np
 from bilinear_ir import defaults
 from bilinear_ir import lowrank
 from bilinear_ir import scorers
+from bilinear_ir.data import batches
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import stats
 from bilinear_ir.retrieval import ranking
@@ -37,15 +39,89 @@ def initial_params(module, seed: int, docs: np.ndarray) -> Any:
   return params
 
 
+@dataclasses.dataclass
+class TrainingData:
+  """What a model trains and is selected on, whatever the source of its pairs.
+
+  Attributes:
+    queries: [Q_t, ...] query features of the training pairs' query rows.
+    docs: [N + R, ...] doc features: the corpus, then R extra docs (ICT positives whose span was
+      cut).
+    trainset: the pairs over those rows and the negative pools.
+    dev: source "ict": (query features [Q_d, ...], doc features [N, ...], query ids, qrels) of
+      the held-out ICT pairs (None when there are none: the last step wins); the other sources
+      select on the split set's dev split (None here).
+    source: "qrels", "ict" or "both".
+    ict_pairs: ICT training pairs used (0 for "qrels").
+  """
+  queries: Any
+  docs: Any
+  trainset: Any
+  dev: tuple | None
+  source: str
+  ict_pairs: int
+
+
+def training_data(config: ml_collections.ConfigDict, prepared: pipeline.Prepared,
+                  splitset: pipeline.SplitSet) -> TrainingData:
+  """The training pairs of `config.train.source` (see `defaults.train_config`).
+
+  "qrels": the judged pairs of `splitset.train`, selected on `splitset.dev`. "ict": pairs the
+  corpus makes itself (`pipeline.ict_set`); no judgement is read, and the model is selected on
+  the held-out ICT pairs, ranked over the corpus in which each held-out doc is its positive.
+  "both": the judged pairs plus `train.ict.ratio` ICT pairs per judged pair (drawn by the ICT
+  seed), selected on `splitset.dev`.
+  """
+  tcfg, emb = config.train, prepared.embeddings
+  source = tcfg.get("source", "qrels")
+  hard_depth = tcfg.hard_depth if tcfg.hard_negatives else 0
+  n = prepared.collection.num_docs
+  if source == "qrels":
+    ts, rows = pipeline.trainset(prepared, splitset.train, hard_depth)
+    return TrainingData(emb.queries[rows], emb.docs, ts, None, source, 0)
+  data = pipeline.ict_set(prepared, config.encoder, tcfg.ict, max(hard_depth, 1))
+  docs = np.concatenate([emb.docs, data.extra_docs])
+  is_dev = data.pairs.dev
+  if source == "ict":
+    ts = pipeline.ict_trainset(data, ~is_dev, n, hard_depth)
+    dev_docs = np.array(emb.docs)
+    cut = np.flatnonzero(is_dev & data.pairs.removed)
+    dev_docs[data.pairs.sources[cut]] = data.extra_docs[data.positive_rows[cut] - n]
+    dev_idx = np.flatnonzero(is_dev)
+    qids = [f"ict{i}" for i in dev_idx]
+    qrels = {q: {prepared.collection.doc_ids[data.pairs.sources[i]]: 1}
+             for q, i in zip(qids, dev_idx)}
+    dev = (data.queries[dev_idx], dev_docs, qids, qrels) if len(dev_idx) else None
+    return TrainingData(data.queries[~is_dev], docs, ts, dev, source, int(np.sum(~is_dev)))
+  judged, rows = pipeline.trainset(prepared, splitset.train, hard_depth)
+  pool = np.flatnonzero(~is_dev)
+  take = min(len(pool), int(round(float(tcfg.ict.ratio) * len(judged.pairs))))
+  keep = np.zeros(len(is_dev), bool)
+  keep[np.random.default_rng([int(tcfg.ict.seed), 13]).choice(pool, take, replace=False)] = True
+  ts = pipeline.ict_trainset(data, keep, n, hard_depth, query_offset=judged.num_queries)
+  hard = None
+  if hard_depth:
+    hard = np.full((ts.num_queries, max(judged.hard_negatives.shape[1],
+                                        ts.hard_negatives.shape[1])), -1, np.int64)
+    hard[:judged.num_queries, :judged.hard_negatives.shape[1]] = judged.hard_negatives
+    hard[judged.num_queries:, :ts.hard_negatives.shape[1]] = ts.hard_negatives[
+        judged.num_queries:]
+  both = batches.TrainSet(np.concatenate([judged.pairs, ts.pairs]), ts.num_queries, n, hard,
+                          ts.excluded)
+  queries = np.concatenate([emb.queries[rows], data.queries[keep]])
+  return TrainingData(queries, docs, both, None, source, take)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, prepared: pipeline.Prepared,
                        splitset: pipeline.SplitSet, workdir: str | None = None,
                        progress: bool = True,
                        aux_loss: Callable[[Any, tuple, tuple], jnp.ndarray] | None | str = "auto"
                        ) -> dict[str, Any]:
-  """Trains `config.model` on `splitset.train`, selects on `.dev`, evaluates on `.test`.
+  """Trains `config.model` on the pairs of `config.train.source` (`training_data`), selects on
+  their dev set, evaluates on `splitset.test`.
 
   Args:
-    config: a train_eval-style config (model, train, eval, seed).
+    config: a train_eval-style config (model, train, eval, encoder, seed).
     prepared: `data.pipeline.Prepared` (collection, embeddings, BM25 rankings).
     splitset: `data.pipeline.SplitSet`.
     workdir: checkpoints go to `workdir/checkpoints`, TensorBoard scalars to `workdir/tb`
@@ -60,7 +136,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared: pipeline.Pre
 
   Returns:
     {"metrics": test means, "per_query": ..., "dev": best dev metrics, "history", "best_step",
-     "mode", "params", "run", "temperature"}.
+     "mode", "params", "run", "temperature", "train_source", "ict_pairs"}.
   """
   emb = prepared.embeddings
   module = scorers.from_config(config.model, prepared.dim)
@@ -68,28 +144,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared: pipeline.Pre
     aux_loss = losses.mi_loss(module) if hasattr(module, "mi_weight") else None
   params = initial_params(module, config.seed, emb.docs)
   tcfg, ecfg = config.train, config.eval
-  ts, train_rows = pipeline.trainset(prepared, splitset.train,
-                                     tcfg.hard_depth if tcfg.hard_negatives else 0)
-  docs = emb.docs
   doc_ids = prepared.collection.doc_ids
 
   def evaluate_on(split, p, measures, depth):
     rows = prepared.query_row_index(split.query_ids)
     cands = prepared.bm25_idx[rows][:, :ecfg.rerank_depth] if ecfg.mode == "rerank" else None
-    return ranking.evaluate_scorer(module, p, emb.queries[rows], docs, split.query_ids, doc_ids,
-                                   split.qrels, mode=ecfg.mode, depth=depth,
+    return ranking.evaluate_scorer(module, p, emb.queries[rows], emb.docs, split.query_ids,
+                                   doc_ids, split.qrels, mode=ecfg.mode, depth=depth,
                                    candidates=cands, measures=measures)
 
   # Dev evaluations only need the depth of their measures (all @k), not the run's full depth.
   dev_measures = sorted({tcfg.select_metric, "ndcg@10", "mrr@10"})
   dev_depth = (max(int(m.split("@")[1]) for m in dev_measures)
                if all("@" in m for m in dev_measures) else ecfg.depth)
+  has_params = bool(jax.tree.leaves(params))
+  data = training_data(config, prepared, splitset) if has_params else None
   evaluate = None
-  if splitset.dev.query_ids:
+  if data is not None and data.source == "ict":
+    if data.dev is not None:
+      q_dev, d_dev, dev_ids, dev_qrels = data.dev
+      evaluate = lambda p: ranking.evaluate_scorer(
+          module, p, q_dev, d_dev, dev_ids, doc_ids, dev_qrels, mode="full", depth=dev_depth,
+          measures=dev_measures)[0]["mean"]
+  elif splitset.dev.query_ids:
     evaluate = lambda p: evaluate_on(splitset.dev, p, dev_measures, dev_depth)[0]["mean"]
-  if jax.tree.leaves(params):
-    result = trainer.fit(module, params, emb.queries[train_rows], docs, ts, tcfg, config.seed,
-                         evaluate=evaluate,
+  if has_params:
+    if data.source == "ict" and int(tcfg.steps) == 0:
+      tcfg = copy.deepcopy(tcfg)
+      tcfg.epochs = int(tcfg.ict.epochs)
+    result = trainer.fit(module, params, data.queries, data.docs, data.trainset, tcfg,
+                         config.seed, evaluate=evaluate,
                          checkpoint_dir=os.path.join(workdir, "checkpoints") if workdir else None,
                          log_dir=(os.path.join(workdir, "tb")
                                   if workdir and tcfg.get("tensorboard", False) else None),
@@ -102,12 +186,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared: pipeline.Pre
   metrics, run = evaluate_on(splitset.test, params, tuple(ecfg.measures), ecfg.depth)
   return {"metrics": metrics["mean"], "per_query": metrics["per_query"], "dev": dev,
           "history": history, "best_step": best_step, "mode": ecfg.mode, "params": params,
-          "run": run, "temperature": temperature}
+          "run": run, "temperature": temperature,
+          "train_source": tcfg.get("source", "qrels"),
+          "ict_pairs": data.ict_pairs if data is not None else 0}
 
 
 def row_config(config: ml_collections.ConfigDict, spec: dict[str, Any], seed: int
                ) -> ml_collections.ConfigDict:
-  """A copy of `config` for one table row `spec` ({"scorer", "rank", "residual"}) and `seed`."""
+  """A copy of `config` for one table row `spec` ({"scorer", "rank", "residual"}, and the
+  training `source` when it is not "qrels") and `seed`."""
   c = copy.deepcopy(config)
   with c.unlocked():
     c.seed = seed
@@ -115,6 +202,8 @@ def row_config(config: ml_collections.ConfigDict, spec: dict[str, Any], seed: in
     if spec["rank"] is not None:
       c.model.rank = spec["rank"]
       c.model.residual = spec["residual"]
+    if "source" in spec:
+      c.train.source = spec["source"]
   return c
 
 

@@ -12,7 +12,10 @@ with a dev part carved out of each training fold) and each embedding (`defaults.
             every one of them starts there) included, so selection can keep the dot product;
   learned   per fold and seed, the one of those the dev metric picks (the "dev-selected learned
             similarity");
-  hybrid    `lam * learned + (1 - lam) * BM25`, lam tuned on dev.
+  hybrid    `lam * learned + (1 - lam) * BM25`, lam tuned on dev;
+  <row>_ict the rows of `config.ict_rows` trained on pairs the corpus makes itself (inverse
+            cloze, `data.ict`; no judgement read, selected on held-out ICT pairs), evaluated on
+            every query of the test split without folds.
 
 Every query is scored once per seed, by the split (fold) that held it out; per-query metrics are
 averaged over seeds. Each model is compared with dot and with BM25 by a paired randomization
@@ -86,6 +89,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     validation.one_of(name, ("wdp", "bilinear", "lowrank"), "models")
   for spec in model_specs(config):
     validation.check_model(common.row_config(config, spec, 0).model)
+  names = [sp["name"] for sp in model_specs(config)]
+  for name in config.ict_rows:
+    validation.one_of(name, names, "ict_rows")
+  if config.ict_rows:
+    require(config.encoder.kind == "flax", "ICT pairs are new texts: ict_rows need "
+            "encoder.kind 'flax'", field="ict_rows")
 
 
 def _splitsets(prepared: pipeline.Prepared, cfg, folds: int) -> list[pipeline.SplitSet]:
@@ -120,6 +129,7 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
   measures = list(config.eval.measures)
   m0 = measures[0]
   specs = model_specs(config)
+  ict_specs = [sp for sp in specs if sp["name"] in config.ict_rows]
   rows, prepared, unseen = [], None, None
   for emb in config.embeddings:
     base = copy.deepcopy(config)
@@ -133,8 +143,8 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
     if unseen is None:
       unseen = _unseen(splitsets)
     test_qrels = {q: s.test.qrels[q] for s in splitsets for q in s.test.query_ids}
-    bar = progress.bar(len(config.seeds) * len(splitsets) * len(specs), f"{coll.name} / {emb}",
-                       unit="model")
+    bar = progress.bar(len(config.seeds) * (len(splitsets) * len(specs) + len(ict_specs)),
+                       f"{coll.name} / {emb}", unit="model")
 
     # per model name -> per seed -> {qid: {measure: v}} over every split's test queries
     per_query: dict[str, list[dict]] = {}
@@ -154,6 +164,17 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
     per_query["bm25"] = [bm25["per_query"]]
     for name in [sp["name"] for sp in specs] + ["learned", "hybrid"]:
       per_query.setdefault(name, [])
+    # Rows trained on pairs the corpus makes itself: no query is trained on, so no folds are
+    # needed; every query of the test split (all of a test-only collection) is evaluated.
+    ict_split = (splitsets[0] if len(splitsets) == 1
+                 else pipeline.test_only(coll, cfg.data)[0])
+    for sp in ict_specs:
+      per_query[f"{sp['name']}_ict"] = []
+      for seed in config.seeds:
+        out = common.train_and_evaluate(common.row_config(cfg, {**sp, "source": "ict"}, seed),
+                                        prepared, ict_split, progress=False)
+        per_query[f"{sp['name']}_ict"].append(out["per_query"])
+        bar.update(1)
     for seed in config.seeds:
       seed_q = {sp["name"]: {} for sp in specs}
       learned_q, hybrid_q = {}, {}

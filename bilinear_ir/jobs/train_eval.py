@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -29,6 +30,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   validation.check_bm25(config.bm25)
   validation.check_model(config.model)
   validation.check_train(config.train)
+  validation.check_source(config)
   validation.check_eval(config.eval)
 
 
@@ -37,7 +39,13 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   `WORKDIR/model` (`WORKDIR/foldK/model` with folds), loadable with
   `train.saved_model.load_model`."""
   prepared = pipeline.prepare(config)
-  sets = pipeline.splits(prepared.collection, config.data, config.seed)
+  coll = prepared.collection
+  trains_on_qrels = config.train.source != "ict" and bool(jax.tree.leaves(scorers.init_params(
+      scorers.from_config(config.model, 8), jax.random.key(0))))
+  if config.data.folds or trains_on_qrels or config.data.train_split in coll.qrels:
+    sets = pipeline.splits(coll, config.data, config.seed)
+  else:  # nothing to train on judgements (ICT, or dot): evaluate every query of data.split
+    sets = pipeline.test_only(coll, config.data)
   module = scorers.from_config(config.model, prepared.dim)
   embedding = prepared.embeddings.manifest["settings"]
   outs, models = [], {}
@@ -62,13 +70,14 @@ def run(config: ml_collections.ConfigDict, workdir: str):
     folds = [{"fold": s.name, "queries": len(s.test.query_ids), "metrics": o["metrics"],
               "dev": o["dev"], "best_step": o["best_step"]} for s, o in zip(sets, outs)]
     mean = {m: float(np.mean([o["metrics"][m] for o in outs])) for m in measures}
-    std = {m: float(np.std([o["metrics"][m] for o in outs])) for m in measures}
+    std = {m: float(np.std([o["metrics"][m] for o in outs], ddof=1)) for m in measures}
     results = {"metrics": mean, "std": std, "mode": outs[0]["mode"], "folds": folds}
     rows += [[f["fold"], f["queries"]] + [f["metrics"][m] for m in measures] for f in folds]
     rows.append(["mean", sum(f["queries"] for f in folds)] + [mean[m] for m in measures])
-    rows.append(["std", ""] + [std[m] for m in measures])
+    rows.append(["std (ddof 1)", ""] + [std[m] for m in measures])
     run_dict = {q: docs for o in outs for q, docs in o["run"].items()}
-  results.update(scorer=config.model.scorer, collection=prepared.collection.name)
+  results.update(scorer=config.model.scorer, collection=prepared.collection.name,
+                 train_source=config.train.source, ict_pairs=int(outs[0]["ict_pairs"]))
   md = (f"# train_eval: {config.model.scorer} on {prepared.collection.name} "
         f"({results['mode']} ranking)\n\n" + report.markdown_table(rows, header, digits=4))
   return report.Report(results=results, markdown=md,

@@ -18,6 +18,7 @@ import jax
 from bilinear_ir import defaults
 from bilinear_ir import scorers
 from bilinear_ir.data import embeddings
+from bilinear_ir.data import ict
 from bilinear_ir.data import loaders
 from bilinear_ir.data import sparse
 from bilinear_ir.errors import InputError
@@ -159,6 +160,18 @@ def check_model(c, prefix: str = "model") -> None:
 def check_train(c, prefix: str = "train") -> None:
   """The `train` block (see `defaults.train_config` for each field)."""
   f = lambda key: f"{prefix}.{key}"
+  one_of(c.get("source", "qrels"), ("qrels", "ict", "both"), f("source"))
+  if "ict" in c:
+    i = c.ict
+    one_of(i.query, ict.QUERY_KINDS, f("ict.query"))
+    integer(i.min_words, f("ict.min_words"), 1)
+    integer(i.max_words, f("ict.max_words"), i.min_words if _is_int(i.min_words) else 1)
+    real(i.remove_prob, f("ict.remove_prob"), 0.0, 1.0)
+    integer(i.pairs_per_doc, f("ict.pairs_per_doc"), 1)
+    integer(i.dev_docs, f("ict.dev_docs"), 0)
+    integer(i.epochs, f("ict.epochs"), 1)
+    real(i.ratio, f("ict.ratio"), 0.0)
+    integer(i.seed, f("ict.seed"), 0)
   one_of(c.loss, trainer.LOSSES, f("loss"))
   real(c.temperature, f("temperature"), 0.0, low_open=True)
   real(c.teacher_temperature, f("teacher_temperature"), 0.0, low_open=True)
@@ -185,6 +198,14 @@ def check_train(c, prefix: str = "train") -> None:
   if c.get("tensorboard", False) and importlib.util.find_spec("tensorboardX") is None:
     raise missing_extra("tensorboardX", "tb", f"{prefix}.tensorboard")
   one_of(c.get("matmul_precision", "default"), trainer.MATMUL_PRECISIONS, f("matmul_precision"))
+
+
+def check_source(config) -> None:
+  """Pairs the corpus makes itself (`train.source` "ict" / "both") are new texts: they need the
+  encoder, not precomputed embeddings."""
+  if config.train.get("source", "qrels") != "qrels":
+    require(config.encoder.kind == "flax", "train.source 'ict' / 'both' embeds new texts (the "
+            "spans), which needs encoder.kind 'flax'", field="train.source")
 
 
 def check_eval(c, prefix: str = "eval") -> None:
@@ -220,6 +241,7 @@ def check_table(config, *, hybrid_block: bool = True) -> None:
   check_encoder(config.encoder)
   check_bm25(config.bm25)
   check_train(config.train)
+  check_source(config)
   for name, changes in config.train_overrides.items():
     defaults.embedding_spec(name)  # a known embedding name
     with_overrides = config.train.copy_and_resolve_references()
