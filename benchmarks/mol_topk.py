@@ -1,9 +1,18 @@
-"""MoL top-K retrieval: hit rate relative to brute force and latency (paper 003, Table 5 layout).
+"""MoL top-K retrieval on SYNTHETIC data: hit rate relative to brute force and latency (paper 003,
+Table 5 layout).
 
     python benchmarks/mol_topk.py            # 100k and 1M items, P_q = P_x = 4 and 8
     python benchmarks/mol_topk.py --items 20000 --p 4 --repeats 2 --json runs/mol.json   # smoke run
 
-Synthetic MoL (documented generator, every draw from `--seed`):
+Protocol: two disjoint query sets from the same generator, `--select_batch` selection queries
+and `--batch` report queries. The whole grid of configurations (TopKPerEmbd(N), TopKAvg(N),
+CombTopK(N1, N2)) runs on the selection queries (printed as such); per algorithm, the fastest
+configuration reaching relative HR@100 >= `--target` there is chosen, and only the chosen ones
+are then measured on the report queries: their hit rates, and their latency timed interleaved
+with brute force (`latency.timed_interleaved`, rounds in rotating order, medians), so the reported
+numbers are not the ones N was picked on and a drifting machine favours neither side.
+
+Synthetic MoL (not real data: a documented generator, every draw from `--seed`):
   * latent space R^{d_P}; one cluster centre c_j ~ N(0, I) per `--items_per_cluster` (100) items;
     item x falls in cluster j with probability ~ j^-zipf (`--zipf` 1: a few big topics, a long
     tail) and has latent z_x = c_j + 0.7 * eps (eps ~ N(0, I)).
@@ -38,6 +47,10 @@ from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 from bilinear_ir.retrieval import latency
 
 HR_AT = (1, 10, 50, 100)
+
+
+DATA = ("synthetic MoL data (clustered latents, per-component linear views, random gating MLP; "
+        "benchmarks/mol_topk.py docstring), not a real collection")
 
 
 def synthetic(items: int, p_q: int, p_x: int, d_p: int, batch: int, seed: int,
@@ -96,40 +109,96 @@ def methods(args: argparse.Namespace) -> list[tuple[str, str, dict]]:
   return out
 
 
-def run_workload(args: argparse.Namespace, items: int, p: int) -> list[dict]:
-  """All rows for one (items, P_q = P_x = p) workload; prints its table."""
+def run_workload(args: argparse.Namespace, items: int, p: int) -> tuple[list[dict], list[dict]]:
+  """One (items, P_q = P_x = p) workload: the grid on the selection queries, then the chosen
+  configurations on the report queries; prints both tables.
+
+  Returns:
+    (selection rows, report rows).
+  """
   k = max(HR_AT)
   # Only the gating MLP is used: the components come from `synthetic`, not the component MLPs.
   module = scorers.build("mol", dim=args.d_p, p_q=p, p_x=p, d_p=args.d_p, gate_hidden=128,
                          temperature=args.temperature)
   params = scorers.init_params(module, jax.random.key(args.seed))
-  qc, ic = synthetic(items, p, p, args.d_p, args.batch, args.seed + 1,
+  qc, ic = synthetic(items, p, p, args.d_p, args.select_batch + args.batch, args.seed + 1,
                      clusters=max(1, items // args.items_per_cluster), zipf=args.zipf,
                      rho=args.rho)
   index = mol_topk.index_from_components(jnp.asarray(ic), p)
   del ic
-  src = mol_topk.MolSource(jnp.asarray(qc), index, params, module)
+  sources = {"selection": mol_topk.MolSource(jnp.asarray(qc[:args.select_batch]), index, params,
+                                             module),
+             "report": mol_topk.MolSource(jnp.asarray(qc[args.select_batch:]), index, params,
+                                          module)}
   chunk = args.chunk
-  calls = {
-      "per": lambda c: mol_topk.topk_per_embedding(src, k, c["n"], chunk=chunk),
-      "avg": lambda c: mol_topk.topk_avg(src, k, c["n"], tight_bound=False, chunk=chunk),
-      "comb": lambda c: mol_topk.comb_topk(src, k, c["n1"], c["n2"], tight_bound=False,
-                                           chunk=chunk),
-      "exact": lambda c: mol_topk.exact_two_pass(src, k, args.exact_range, chunk=chunk),
-  }
-  truth, brute_ms = timed(lambda: mol_topk.brute_force(src, k, chunk=chunk), args.repeats)
+
+  def call(src, cfg):
+    if cfg["fn"] == "per":
+      return mol_topk.topk_per_embedding(src, k, cfg["n"], chunk=chunk)
+    if cfg["fn"] == "avg":
+      return mol_topk.topk_avg(src, k, cfg["n"], tight_bound=False, chunk=chunk)
+    if cfg["fn"] == "comb":
+      return mol_topk.comb_topk(src, k, cfg["n1"], cfg["n2"], tight_bound=False, chunk=chunk)
+    return mol_topk.exact_two_pass(src, k, args.exact_range, chunk=chunk)
+
+  brute = {name: (lambda src=src: mol_topk.brute_force(src, k, chunk=chunk))
+           for name, src in sources.items()}
+  # Selection: every configuration on the selection queries.
+  sel_src = sources["selection"]
+  truth, brute_ms = timed(brute["selection"], args.repeats)
   truth_ids = np.asarray(truth.ids)
-  rows = [{"items": items, "P_q": p, "P_x": p, "method": "BruteForce", "N": "-",
-           "hr_rel": hit_rates(truth_ids, truth_ids), "ms": brute_ms, "speedup_vs_brute": 1.0}]
+  selection = [{"items": items, "P_q": p, "P_x": p, "queries": "selection", "method": "BruteForce",
+                "N": "-", "hr_rel": hit_rates(truth_ids, truth_ids), "ms": brute_ms,
+                "speedup_vs_brute": 1.0}]
   for label, n, cfg in methods(args):
-    res, ms = timed(lambda cfg=cfg: calls[cfg["fn"]](cfg), args.repeats)
-    row = {"items": items, "P_q": p, "P_x": p, "method": label, "N": n,
-           "hr_rel": hit_rates(np.asarray(res.ids), truth_ids), "ms": ms,
+    res, ms = timed(lambda cfg=cfg: call(sel_src, cfg), args.repeats)
+    row = {"items": items, "P_q": p, "P_x": p, "queries": "selection", "method": label, "N": n,
+           "cfg": cfg, "hr_rel": hit_rates(np.asarray(res.ids), truth_ids), "ms": ms,
            "speedup_vs_brute": brute_ms / ms}
     if label == "ExactTwoPass":
       row["fallback_fraction"] = float(np.mean(np.asarray(res.fallback)))
-    rows.append(row)
-  print(f"\n### {items:,} items, P_q = P_x = {p}, d_P = {args.d_p}, batch {args.batch}\n")
+    selection.append(row)
+  header = (f"{items:,} items (synthetic), P_q = P_x = {p}, d_P = {args.d_p}")
+  print_table(f"{header}: selection queries ({args.select_batch}), the whole grid", selection)
+  # Chosen per algorithm on the selection queries, measured on the report queries.
+  chosen = {}
+  for r in selection[1:]:
+    if r["method"] == "ExactTwoPass" or r["hr_rel"].get("100", 0.0) >= args.target:
+      best = chosen.get(r["method"])
+      if best is None or r["ms"] < best["ms"]:
+        chosen[r["method"]] = r
+  rep_src = sources["report"]
+  report_truth = np.asarray(brute["report"]().ids)
+  fns = {"BruteForce": brute["report"]}
+  for label, r in chosen.items():
+    fns[label] = lambda cfg=r["cfg"]: call(rep_src, cfg)
+  ms = latency.timed_interleaved(fns, args.repeats, warmup=1)
+  report = [{"items": items, "P_q": p, "P_x": p, "queries": "report", "method": "BruteForce",
+             "N": "-", "hr_rel": hit_rates(report_truth, report_truth), "ms": ms["BruteForce"],
+             "speedup_vs_brute": 1.0}]
+  for label, r in chosen.items():
+    res = fns[label]()
+    row = {"items": items, "P_q": p, "P_x": p, "queries": "report", "method": label, "N": r["N"],
+           "chosen_on": f"selection queries: fastest with HR@100 >= {args.target}",
+           "selection_hr_at_100": r["hr_rel"].get("100"),
+           "hr_rel": hit_rates(np.asarray(res.ids), report_truth), "ms": ms[label],
+           "speedup_vs_brute": ms["BruteForce"] / ms[label]}
+    if label == "ExactTwoPass":
+      row["fallback_fraction"] = float(np.mean(np.asarray(res.fallback)))
+    report.append(row)
+  missing = sorted({m for m, _, _ in methods(args)} - set(chosen))
+  print_table(f"{header}: report queries ({args.batch}), the configurations chosen on the "
+              f"selection queries, timed interleaved with brute force"
+              + (f" (none of {missing} reached HR@100 >= {args.target})" if missing else ""),
+              report)
+  for r in selection:
+    r.pop("cfg", None)
+  return selection, report
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+  """Prints rows as a markdown table under `title`."""
+  print(f"\n### {title}\n")
   print("| method | N | " + " | ".join(f"HR@{k}" for k in HR_AT) + " | ms | speedup |")
   print("|---|---|" + "---|" * (len(HR_AT) + 2))
   for r in rows:
@@ -137,7 +206,6 @@ def run_workload(args: argparse.Namespace, items: int, p: int) -> list[dict]:
     extra = f" (fallback {r['fallback_fraction']:.2f})" if "fallback_fraction" in r else ""
     print(f"| {r['method']}{extra} | {r['N']} | {hr} | {r['ms']:.1f} | "
           f"{r['speedup_vs_brute']:.1f}x |", flush=True)
-  return rows
 
 
 def main() -> None:
@@ -146,7 +214,11 @@ def main() -> None:
   parser.add_argument("--items", type=int, nargs="+", default=[100_000, 1_000_000])
   parser.add_argument("--p", type=int, nargs="+", default=[4, 8], help="P_q = P_x values")
   parser.add_argument("--d_p", type=int, default=64)
-  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--batch", type=int, default=32, help="report queries")
+  parser.add_argument("--select_batch", type=int, default=32,
+                      help="selection queries (N is chosen on these)")
+  parser.add_argument("--target", type=float, default=0.99,
+                      help="relative HR@100 a configuration must reach to be chosen")
   parser.add_argument("--temperature", type=float, default=0.05)
   parser.add_argument("--items_per_cluster", type=int, default=100)
   parser.add_argument("--zipf", type=float, default=1.0, help="cluster-size exponent")
@@ -165,26 +237,33 @@ def main() -> None:
 
   hw = latency.hardware()
   print(f"hardware: {hw}")
-  rows = []
+  print(f"data: {DATA}")
+  selection, report = [], []
   for items in args.items:
     for p in args.p:
-      rows += run_workload(args, items, p)
+      sel, rep = run_workload(args, items, p)
+      selection += sel
+      report += rep
 
   largest = max(args.items)
-  print(f"\ngoal: at {largest:,} items, the fastest configuration with relative HR@100 >= 0.99 "
-        "(goal >= 20x faster than brute force on a 2-core CPU; the paper reports 66x on a GPU)")
+  print(f"\ngoal: at {largest:,} items, the fastest configuration with relative HR@100 >= "
+        f"{args.target} on the selection queries, reported on the report queries (goal >= 20x "
+        "faster than brute force on a 2-core CPU; the paper reports 66x on a GPU)")
   for p in args.p:
-    ok = [r for r in rows if r["items"] == largest and r["P_q"] == p
-          and r["method"] != "BruteForce" and r["hr_rel"].get("100", 0.0) >= 0.99]
+    ok = [r for r in report if r["items"] == largest and r["P_q"] == p
+          and r["method"] not in ("BruteForce", "ExactTwoPass")]
     if ok:
       best = max(ok, key=lambda r: r["speedup_vs_brute"])
       print(f"  P_q = P_x = {p}: {best['method']} {best['N']}: {best['ms']:.1f} ms, "
-            f"{best['speedup_vs_brute']:.1f}x vs brute force, HR@100 {best['hr_rel']['100']:.3f}")
+            f"{best['speedup_vs_brute']:.1f}x vs brute force, HR@100 "
+            f"{best['hr_rel'].get('100', float('nan')):.3f} on the report queries "
+            f"({best['selection_hr_at_100']:.3f} on the selection queries)")
     else:
-      print(f"  P_q = P_x = {p}: no configuration reached HR@100 >= 0.99")
+      print(f"  P_q = P_x = {p}: no configuration reached HR@100 >= {args.target} on the "
+            "selection queries")
   if args.json:
-    files.atomic_write_json(args.json, {"hardware": hw, "rows": rows})
-
+    files.atomic_write_json(args.json, {"hardware": hw, "data": DATA, "rows": report,
+                                        "selection_rows": selection})
 
 if __name__ == "__main__":
   main()

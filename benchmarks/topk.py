@@ -5,6 +5,7 @@
     python benchmarks/topk.py --cases q1000_d200000_n384_k10 --queries 100 --docs 50000
     python benchmarks/topk.py --devices 2        # our scans sharded over 2 (fake CPU) devices
     python benchmarks/topk.py --w-path W.npy     # certified case with a trained W [n, n]
+    python benchmarks/topk_stream.py             # the 8.8M-doc streamed index (opt-in, separate)
 
 Cases (names as in the JSON; sizes follow --queries/--docs/--dim/--k/--scale when given):
   q1000_d200000_n384_k10          `exact.topk`, the float32 chunked scan.
@@ -12,13 +13,27 @@ Cases (names as in the JSON; sizes follow --queries/--docs/--dim/--k/--scale whe
                                    certified exact (same ids as the float32 scan).
   bf16_q1000_d200000_n384_k10     `exact.topk` on a bf16 table: approximate; its recall@k against
                                    float32 is reported (half the table memory).
-  lowrank32_q1000_d200000_n384_k10 rank-32 tables (`lowrank` scorer, r = 32) vs FAISS flat over
-                                   the full 384-wide table on the same queries.
+  lowrank32_q1000_d200000_n384_k10 rank-32 tables (`lowrank` scorer, r = 32): the engine
+                                   comparison `ratio_vs_faiss` is against FAISS flat over the
+                                   same 32-wide tables; `ratio_vs_faiss_full_width` against FAISS
+                                   flat over the full 384-wide embeddings (the product claim:
+                                   what a rank-32 model saves over searching the embeddings).
   q32_d1000000_n384_k10           few queries, many docs; also vs numpy matmul + argpartition.
   certified_r32_q1000_d200000_n384_k10  `certified.certified_topk` on a random W with spectrum
                                    sigma_i = decay^i (or --w-path) vs the full-W scan; reports the
                                    fraction of docs rescored.
 Data: standard normal embeddings from --seed (queries and docs), float32.
+
+The FAISS peer runs in its best configuration on this machine (`faiss_peer.py`): before faiss is
+imported, the core type of its bundled OpenBLAS is probed (`--faiss-coretype auto`) against the
+machine's best BLAS (numpy and XLA matmuls of the same shapes) and forced when faster, with a
+float64 check of FAISS's top-k in the same run; per case, FAISS's brute-force blocking
+(`distance_compute_blas_{threshold,query_bs,database_bs}`) is tuned on the case itself and the
+fastest setting used (`faiss_setting` in the JSON); its OpenMP threads wait passively
+(`OMP_WAIT_POLICY=PASSIVE`, set before faiss loads: with the default spinning, FAISS ran up to 10x
+slower whenever anything else used the cores). The hardware line names the core type, the wait
+policy, the probe rates and the check's outcome; numpy's BLAS core is named too (numpy's own
+kernel is chosen the same way before numpy loads, `blas_setup.py`).
 Timing: `time.perf_counter` around the call + `block_until_ready`, one warm-up call, median of
 --repeats rounds; in each round every method and peer of the case is called twice, the second
 call timed (its data warm in the caches, as in back-to-back calls), in an order that rotates
@@ -26,6 +41,11 @@ between rounds (`latency.timed_interleaved`), so a drifting machine speed favour
 (doc tables, bf16 copies, FAISS index) are built before timing.
 ratio_vs_faiss = FAISS time / our time (> 1: faster than FAISS); ratio_vs_matmul = our time /
 bare jitted matmul `qt @ dt.T` time of the same shapes (the lower bound of a brute-force scan).
+Each case also reports its achieved GFLOP/s (2 B N w / time; the certified case counts its bound
+scan's width r + 1) and table bandwidth (N w bytes / time) and their fractions of the device's
+peaks, measured in the same run (a copy and float32 / bf16 matmuls, `latency.measure_peaks`; on a
+shared machine a peak measured in a busy moment can make a fraction exceed 1) and, for known
+accelerators, from the data-sheet table (`latency.KNOWN_PEAKS`).
 """
 from __future__ import annotations
 
@@ -51,6 +71,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--repeats", type=int, default=5, help="timed runs (median)")
   p.add_argument("--decay", type=float, default=0.7, help="spectrum decay of the certified W")
   p.add_argument("--w-path", default=None, help=".npy W [n, n] for the certified case")
+  p.add_argument("--faiss-coretype", default="auto",
+                 help="FAISS's OpenBLAS core type: auto (probe), default (its own detection) "
+                      "or a name (SkylakeX, Haswell, ...)")
+  p.add_argument("--no-faiss-tuning", action="store_true",
+                 help="keep FAISS's default blocking instead of tuning it per case")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", default=None, help="write the results here")
   return p.parse_args(argv)
@@ -60,25 +85,26 @@ ARGS = parse_args() if __name__ == "__main__" else None
 if ARGS is not None and ARGS.devices > 1 and "XLA_FLAGS" not in os.environ:
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ARGS.devices}"
 
-# jax is imported after XLA_FLAGS is set (--devices).
+import blas_setup  # noqa: E402  (benchmarks/blas_setup.py: numpy's BLAS, before numpy loads)
+
+if ARGS is not None:
+  blas_setup.choose_numpy_coretype()
+
+# jax is imported after XLA_FLAGS is set (--devices) and numpy's BLAS kernel is chosen.
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+import faiss_peer  # noqa: E402  (benchmarks/faiss_peer.py)
 from bilinear_ir import allocator, files, scorers  # noqa: E402
 from bilinear_ir.retrieval import latency  # noqa: E402
 from bilinear_ir.retrieval import certified, exact, sharded  # noqa: E402
 
 
-def hardware() -> str:
-  """One line: the machine (retrieval.latency.hardware) and faiss's version and threads."""
-  line = latency.hardware()
-  try:
-    import faiss  # pylint: disable=g-import-not-at-top
-    line += f"; faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads)"
-  except ImportError:
-    line += "; faiss not installed"
-  return line
+def hardware(setup: faiss_peer.FaissSetup | None) -> str:
+  """One line: the machine (retrieval.latency.hardware) and FAISS's configuration and check."""
+  return (f"{latency.hardware()}; {blas_setup.describe()}; "
+          + (setup.describe() if setup else "faiss not used"))
 
 
 def certificate(rescored, num_docs: int) -> dict:
@@ -100,13 +126,17 @@ def recall(found, truth) -> float:
 class Runner:
   """Times our method and the peers on one case and prints a line."""
 
-  def __init__(self, args):
+  def __init__(self, args, peaks: dict):
     self.args = args
     self.peers = {p for p in args.peers.split(",") if p}
     self.rng = np.random.default_rng(args.seed)
     self.mesh = sharded.doc_mesh(args.devices) if args.devices > 1 else None
     self.cases = []
-    self._mm = jax.jit(lambda a, b: a @ b.T)
+    self.peaks = peaks
+    # The bare matmul at the scan's precision (float32 on every backend).
+    self._mm = jax.jit(lambda a, b: jnp.matmul(a, b.T, precision=exact.PRECISION,
+                                               preferred_element_type=jnp.float32))
+    self.faiss_settings = {}
 
   def data(self, b: int, n: int, w: int) -> tuple[np.ndarray, np.ndarray]:
     return (self.rng.standard_normal((b, w), dtype=np.float32),
@@ -120,16 +150,36 @@ class Runner:
     n = dt.shape[0]
     return lambda: sharded.sharded_topk(qt, placed, k, mesh=self.mesh, num_docs=n)
 
+  def faiss_fn(self, q: np.ndarray, d: np.ndarray, k: int, name: str = "faiss"):
+    """FAISS IndexFlatIP over d [N, w] searched with q [B, w] (built here, untimed), its blocking
+    tuned on this case (unless --no-faiss-tuning); the call sets that blocking, then searches."""
+    import faiss  # pylint: disable=g-import-not-at-top
+    index = faiss.IndexFlatIP(d.shape[1])
+    index.add(np.ascontiguousarray(d, np.float32))
+    qc = np.ascontiguousarray(q, np.float32)
+    b = qc.shape[0]
+    if self.args.no_faiss_tuning:
+      setting, grid = faiss_peer.DEFAULT_BLOCKING, None
+    else:
+      setting, grid = faiss_peer.tune_blocking(lambda: index.search(qc, k), b,
+                                               2.0 * b * d.shape[0] * d.shape[1])
+    text = faiss_peer.blocking_text(setting, b)
+    self.faiss_settings[name] = {"setting": text, "grid_ms": grid}
+    print(f"  {name}: {text}" + (f" (tuning, ms by threshold/query_bs/database_bs: {grid})"
+                                 if grid else " (defaults)"), flush=True)
+
+    def search():
+      faiss_peer.set_blocking(*setting)
+      return index.search(qc, k)
+    return search
+
   def peers_of(self, q: np.ndarray, d: np.ndarray, qt, dt, k: int) -> dict:
     """The selected peers' timed calls: FAISS IndexFlatIP over d [N, n] searched with q [B, n]
-    (built here, untimed), the bare jitted matmul of qt [B, w] and dt [N, w]."""
+    (`faiss_fn`), the bare jitted matmul of qt [B, w] and dt [N, w]."""
     fns = {}
+    self.faiss_settings = {}
     if "faiss" in self.peers:
-      import faiss  # pylint: disable=g-import-not-at-top
-      index = faiss.IndexFlatIP(d.shape[1])
-      index.add(np.ascontiguousarray(d, np.float32))
-      qc = np.ascontiguousarray(q, np.float32)
-      fns["faiss"] = lambda: index.search(qc, k)
+      fns["faiss"] = self.faiss_fn(q, d, k)
     if "matmul" in self.peers:
       fns["matmul"] = lambda: self._mm(qt, dt)
     return fns
@@ -140,18 +190,29 @@ class Runner:
     ms = latency.timed_interleaved(fns, self.args.repeats, warmup=1, rewarm=1)
     return {name: ms.get(name) for name in ("faiss", "matmul", "numpy")} | ms
 
-  def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, **extra):
+  def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, scan_dtype=None,
+             faiss_key="faiss", scan_width=None, **extra):
+    """Prints and keeps one case; `scan_dtype`: the dtype of the scanned table (FLOP/s and bytes;
+    default `dtype`); `faiss_key`: which FAISS peer's setting `ratio_vs_faiss` refers to;
+    `scan_width`: the width of the table scanned (FLOP/s and bytes; default w)."""
+    scan_dtype = scan_dtype or dtype
+    sw = scan_width or w
+    gflops = 2.0 * b * n * sw / ms / 1e6
+    gbs = n * sw * (2 if scan_dtype == "bfloat16" else 4) / ms / 1e6
     case = {"name": name, "queries": b, "docs": n, "dim": w, "k": k, "dtype": dtype,
             "ms": round(ms, 3), "qps": round(1e3 * b / ms, 1),
             "ratio_vs_faiss": round(faiss_ms / ms, 3) if faiss_ms else None,
             "ratio_vs_matmul": round(ms / matmul_ms, 3) if matmul_ms else None,
             "method": method, "faiss_ms": faiss_ms and round(faiss_ms, 3),
-            "matmul_ms": matmul_ms and round(matmul_ms, 3), **extra}
+            "matmul_ms": matmul_ms and round(matmul_ms, 3),
+            "faiss_setting": (self.faiss_settings.get(faiss_key) or {}).get("setting"),
+            "gflops": round(gflops, 1), "table_gb_per_s": round(gbs, 2),
+            **latency.fractions(gflops, gbs, scan_dtype, self.peaks), **extra}
     self.cases.append(case)
     more = " ".join(f"{key}={val}" for key, val in extra.items())
     print(f"{name:42s} {ms:9.1f} ms {case['qps']:10.1f} q/s  vs faiss "
-          f"{case['ratio_vs_faiss']}  vs matmul {case['ratio_vs_matmul']}  [{method}] {more}",
-          flush=True)
+          f"{case['ratio_vs_faiss']}  vs matmul {case['ratio_vs_matmul']}  "
+          f"{gflops:.0f} GFLOP/s  [{method}] {more}", flush=True)
 
   # ---- cases -----------------------------------------------------------------------------------
 
@@ -176,7 +237,7 @@ class Runner:
     same = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
     self.record("bf16cand_" + tag, b, n, w, k, "float32", ms["bf16cand"], ms["faiss"],
                 ms["matmul"], "certified.bf16_topk (bf16 scan + fp32 rescore, exact)",
-                same_ids_as_fp32=same, **certificate(res.rescored, n))
+                scan_dtype="bfloat16", same_ids_as_fp32=same, **certificate(res.rescored, n))
     rec = recall(exact.topk(ql, low, k).ids, truth.ids)
     self.record("bf16_" + tag, b, n, w, k, "bfloat16", ms["bf16"], ms["faiss"], ms["matmul"],
                 "exact.topk on a bf16 table (approximate)", recall_vs_fp32=round(rec, 4))
@@ -188,19 +249,30 @@ class Runner:
     v = {"params": params}
     qt = module.apply(v, jnp.asarray(q), method=module.query_table)
     dt = jax.block_until_ready(module.apply(v, jnp.asarray(d), method=module.doc_table))
-    # The FAISS peer: a full-width flat index searched with the same queries.
-    fns = self.peers_of(q, d, qt, dt, k) | {"scan": self.scan(qt, dt, k)}
+    width = dt.shape[1]
+    # The engine peer: FAISS flat over the same width-r tables; the product peer: FAISS flat
+    # over the full-width embeddings, searched with the raw queries.
+    fns = self.peers_of(np.asarray(qt), np.asarray(dt), qt, dt, k)
+    if "faiss" in self.peers:
+      fns["faiss_full_width"] = self.faiss_fn(q, d, k, name="faiss_full_width")
+    fns["scan"] = self.scan(qt, dt, k)
     ms = self.time_all(fns)
-    self.record(f"lowrank{r}_q{b}_d{n}_n{w}_k{k}", b, n, r, k, "float32", ms["scan"],
+    full = ms.get("faiss_full_width")
+    full_setting = (self.faiss_settings.get("faiss_full_width") or {}).get("setting")
+    self.record(f"lowrank{r}_q{b}_d{n}_n{w}_k{k}", b, n, width, k, "float32", ms["scan"],
                 ms["faiss"], ms["matmul"],
-                f"exact.topk over rank-{r} tables (FAISS peer at width {w})")
+                f"exact.topk over rank-{r} tables (width {width}); FAISS peer over the same "
+                f"tables, full-width FAISS at width {w}",
+                ratio_vs_faiss_full_width=round(full / ms["scan"], 3) if full else None,
+                faiss_full_width_ms=full and round(full, 3),
+                faiss_full_width_setting=full_setting)
 
   def few_queries(self, b, n, w, k):
     q, d = self.data(b, n, w)
     qj, dj = jnp.asarray(q), jnp.asarray(d)
     low, norm = certified.bf16_table(dj)
     fns = self.peers_of(q, d, qj, dj, k)
-    if "numpy" in self.peers:
+    if "numpy" in self.peers:  # numpy's own BLAS (its core type is in the hardware line)
       def numpy_topk():
         s = q @ d.T
         part = np.argpartition(-s, k - 1, axis=1)[:, :k]
@@ -218,7 +290,8 @@ class Runner:
         extra = {"numpy_ms": round(ms["numpy"], 3),
                  "ratio_vs_numpy": round(ms["numpy"] / ms[name], 3)}
       self.record(("" if name == "scan" else "bf16cand_") + f"q{b}_d{n}_n{w}_k{k}", b, n, w, k,
-                  "float32", ms[name], ms["faiss"], ms["matmul"], method, **extra)
+                  "float32", ms[name], ms["faiss"], ms["matmul"], method,
+                  scan_dtype="bfloat16" if name == "bf16cand" else None, **extra)
 
   def certified_case(self, b, n, w, k, r):
     q, d = self.data(b, n, w)
@@ -234,7 +307,7 @@ class Runner:
       source = f"random W, sigma_i = {self.args.decay}^i"
     index = certified.build_certified(W, d, r)
     qj, dj = jnp.asarray(q), jnp.asarray(d)
-    qw = jnp.asarray(q) @ jnp.asarray(W)           # full-W query table: s = (q W) . d
+    qw = jnp.matmul(qj, jnp.asarray(W), precision=exact.PRECISION)  # full-W table: (q W) . d
     res = certified.certified_topk(index, qj, k)
     same = bool(np.array_equal(np.asarray(res.ids), np.asarray(exact.topk(qw, dj, k).ids)))
     fns = self.peers_of(np.asarray(qw), d, qw, dj, k) | {
@@ -243,6 +316,7 @@ class Runner:
     ms = self.time_all(fns)
     self.record(f"certified_r{r}_q{b}_d{n}_n{w}_k{k}", b, n, w, k, "float32", ms["certified"],
                 ms["faiss"], ms["matmul"], f"certified.certified_topk rank {r} ({source})",
+                scan_width=r + 1,  # FLOP/s and bytes of its bound scan (width r + 1)
                 fraction_rescored=round(float(np.mean(np.asarray(res.rescored))) / n, 6),
                 speedup_vs_full_w_scan=round(ms["full_w_scan"] / ms["certified"], 3),
                 full_w_scan_ms=round(ms["full_w_scan"], 3), same_ids_as_full_w=same,
@@ -250,9 +324,14 @@ class Runner:
 
 
 def main(args) -> None:
+  # FAISS's BLAS is chosen (and faiss imported) before anything else touches it.
+  setup = faiss_peer.configure(args.faiss_coretype) if "faiss" in args.peers else None
   allocator.keep_freed_memory()  # as the project's binary does (bilinear_ir.allocator)
-  run = Runner(args)
-  print(hardware(), flush=True)
+  peaks = {"measured": latency.measure_peaks(), "table": latency.known_peaks()}
+  run = Runner(args, peaks)
+  hw = hardware(setup)
+  print(hw, flush=True)
+  print(latency.peaks_line(peaks), flush=True)
   size = lambda default: max(args.k, int(round((args.docs or default) * args.scale)))
   w = args.dim or 384
   b = args.queries
@@ -271,7 +350,7 @@ def main(args) -> None:
   for name in chosen:
     plan[name]()
   if args.json:
-    files.atomic_write_json(args.json, {"hardware": hardware(), "cases": run.cases})
+    files.atomic_write_json(args.json, {"hardware": hw, "peaks": peaks, "cases": run.cases})
 
 
 if __name__ == "__main__":

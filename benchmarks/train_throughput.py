@@ -38,12 +38,26 @@ Timing (wall clock, host batch sampling included on both sides, as in real train
     cadence of those syncs in any run. `first s` is the rest of the first round's run: set-up
     (device_put of the features, optimizer init), tracing and compilation, i.e. the run's time
     minus (warmup + steps) steady-state steps.
-  * torch: one loop of warmup + steps steps with `torch.set_num_threads(os.cpu_count())`, timed
-    over its last `steps` steps.
+  * torch (eager): one loop of warmup + steps steps, timed over its last `steps` steps. Threads:
+    `--torch-threads auto` (default) times 30 steps with each of os.cpu_count() and 1 thread per
+    case and keeps the faster (printed per case); OpenMP's wait policy is `--omp-wait-policy`
+    (default PASSIVE, set before torch is imported): with libgomp's default spinning, a
+    2-thread torch loop on a machine with any other load ran 100 steps in 1.5 to 23 s against
+    0.6 s with PASSIVE (a descheduled thread stalls every parallel region), while PASSIVE costs
+    little when the machine is quiet.
+  * torch (compiled): the same loop with the loss (row gathers, scores, masked cross entropy) and
+    its backward compiled by `torch.compile(fullgraph=True)` (TorchInductor, C++/OpenMP code built
+    with the machine's gcc) and `optimizer.step` compiled too (AdamW with a tensor learning rate,
+    so the schedule does not recompile); gradient clipping and the finite check stay eager. The
+    dynamo cache is reset before each run (recompiles would otherwise hit its cache limit and
+    fall back to eager), so every run compiles during its own warm-up steps. When compilation
+    fails on a machine, `ratio_vs_torch_compiled` is null and `note` says why.
   * sampling: the host cost of `BatchSampler.batch` alone (ms per step), part of both times.
-Each case runs `--rounds` rounds (default 3), each timing both sides once, alternating which goes
-first; times are medians over rounds, the ratio the median of the per-round ratios (all printed).
-examples/s = B * steps / time; ratio = ours / torch examples/s.
+Each case runs `--rounds` rounds (default 3), each timing every side once, in an order that
+rotates between rounds; times are medians over rounds, each ratio the median of the per-round
+ratios (all printed). examples/s = B * steps / time; ratio = ours / torch examples/s
+(`ratio_vs_torch`: eager, `ratio_vs_torch_compiled`: compiled). Our side runs with the trainer's
+default `train.matmul_precision` ("default": float32 on CPU).
 """
 from __future__ import annotations
 
@@ -68,8 +82,9 @@ CASES = {"bilinear": {}, "lowrank": {"rank": 32, "residual": "none"}}
 
 
 def hardware(torch_version: str) -> str:
-  """The machine (retrieval.latency.hardware), torch version and threads."""
-  return f"{latency.hardware()}; torch {torch_version} ({os.cpu_count()} threads)"
+  """The machine (retrieval.latency.hardware), torch version and its OpenMP wait policy."""
+  return (f"{latency.hardware()}; torch {torch_version} (OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, threads chosen per case)")
 
 
 def corpus(n: int, num_docs: int, num_queries: int, seed: int
@@ -126,16 +141,22 @@ def time_fit(module: Any, params: Any, queries: np.ndarray, docs: np.ndarray, ts
 
 
 def torch_loop(torch: Any, case: str, params: Any, queries: np.ndarray, docs: np.ndarray,
-               ts: TrainSet, cfg: ml_collections.ConfigDict, warmup: int, seed: int
+               ts: TrainSet, cfg: ml_collections.ConfigDict, warmup: int, seed: int,
+               compiled: bool = False, threads: int | None = None
                ) -> tuple[float, dict[int, float]]:
   """Trains the same model with torch for `cfg.steps` steps; seconds of the steps after `warmup`.
+
+  Args:
+    compiled: compile the loss + backward and the optimizer step (`torch.compile`, module
+      docstring); eager otherwise.
+    threads: torch's intra-op threads (default os.cpu_count()).
 
   Returns:
     (seconds of steps warmup .. cfg.steps - 1, {step: loss} logged every `cfg.eval_every` steps
     and at the last step, as `fit`'s history).
   """
   import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
-  torch.set_num_threads(os.cpu_count())
+  torch.set_num_threads(threads or os.cpu_count())
   qf, df = torch.from_numpy(queries), torch.from_numpy(docs)
   if case == "bilinear":
     w = torch.nn.Parameter(torch.tensor(np.asarray(params["W"])))
@@ -146,29 +167,42 @@ def torch_loop(torch: Any, case: str, params: Any, queries: np.ndarray, docs: np
     qm = torch.nn.Parameter(torch.tensor(np.asarray(params["Q"])))
     weights = [p, qm]
     score = lambda q, d: (q @ p) @ (d @ qm).T  # [B, C]
-  opt = torch.optim.AdamW(weights, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
-                          weight_decay=cfg.weight_decay)
+  # A tensor learning rate lets the compiled step follow the schedule without recompiling.
+  opt = torch.optim.AdamW(weights, lr=torch.tensor(cfg.lr) if compiled else cfg.lr,
+                          betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg.weight_decay)
   lrs = learning_rates(cfg, cfg.steps)
   sampler = BatchSampler(ts, cfg.batch_size, cfg.hard_negatives, cfg.random_negatives,
                          cfg.in_batch, seed)
+  labels = torch.arange(cfg.batch_size)
+
+  def loss_fn(q_rows, cand_rows, mask):
+    q, d = qf[q_rows], df[cand_rows]  # [B, n], [C, n]
+    logits = (score(q, d) / cfg.temperature).masked_fill(~mask, float("-inf"))
+    return F.cross_entropy(logits, labels)
+
+  step_fn = opt.step
+  if compiled:
+    torch._dynamo.reset()  # pylint: disable=protected-access
+    loss_fn = torch.compile(loss_fn, fullgraph=True, dynamic=False)
+    step_fn = torch.compile(opt.step, dynamic=False)
   logged = {}
   start = time.perf_counter()
   for step in range(cfg.steps):
     if step == warmup:
       start = time.perf_counter()
     batch = sampler.batch(step)
-    q = qf[torch.from_numpy(batch.q_rows).long()]  # [B, n]
-    d = df[torch.from_numpy(batch.cand_rows).long()]  # [C, n]
-    mask = torch.from_numpy(batch.mask)  # [B, C]
-    logits = (score(q, d) / cfg.temperature).masked_fill(~mask, float("-inf"))
-    loss = F.cross_entropy(logits, torch.arange(len(batch.q_rows)))
+    loss = loss_fn(torch.from_numpy(batch.q_rows).long(), torch.from_numpy(batch.cand_rows).long(),
+                   torch.from_numpy(batch.mask))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(weights, cfg.clip_norm)
     if torch.isfinite(norm):
       for group in opt.param_groups:
-        group["lr"] = float(lrs[step])
-      opt.step()
+        if compiled:
+          group["lr"].fill_(float(lrs[step]))
+        else:
+          group["lr"] = float(lrs[step])
+      step_fn()
     done = step + 1
     if done % cfg.eval_every == 0 or done == cfg.steps:
       logged[done] = float(loss.detach())
@@ -197,29 +231,65 @@ def run_case(torch: Any, case: str, n: int, args: argparse.Namespace) -> dict[st
   params = scorers.init_params(module, jax.random.key(args.seed))
   cfg = train_cfg(args.batch, args.warmup + args.steps, args.steps_per_call)
   cfg.eval_every = args.warmup
-  ours, theirs, runs = [], [], []
+  sides = ["ours"] + (["torch"] if torch is not None else [])
+  note = None
+  if torch is not None and args.compile:
+    sides.append("compiled")
+  elif torch is not None:
+    note = "torch.compile peer not requested (--no-compile)"
+  threads = os.cpu_count()
+  if torch is not None and args.torch_threads == "auto":
+    probe = train_cfg(args.batch, args.warmup + 30, args.steps_per_call)
+    probe.eval_every = args.warmup
+    tried = {th: torch_loop(torch, case, params, queries, docs, ts, probe, args.warmup,
+                            args.seed, threads=th)[0] for th in dict.fromkeys((threads, 1))}
+    threads = min(tried, key=tried.get)
+    print(f"  {case} n={n}: torch threads {threads} (30 eager steps took "
+          + ", ".join(f"{v:.3f} s with {th}" for th, v in tried.items()) + ")", flush=True)
+  elif torch is not None:
+    threads = int(args.torch_threads)
+  times = {side: [] for side in sides}
+  runs, losses = [], {}
   for r in range(args.rounds):
-    for side in (("ours", "torch") if r % 2 == 0 else ("torch", "ours")):
+    for side in sides[r % len(sides):] + sides[:r % len(sides)]:
       if side == "ours":
         t_run, ours_s, history = time_fit(module, params, queries, docs, ts, cfg, args.seed)
-        ours.append(ours_s)
+        times["ours"].append(ours_s)
         runs.append(t_run - ours_s * (args.warmup + args.steps) / args.steps)
-      else:
-        torch_s, torch_losses = torch_loop(torch, case, params, queries, docs, ts, cfg,
-                                           args.warmup, args.seed)
-        theirs.append(torch_s)
-  ours_s, torch_s = float(np.median(ours)), float(np.median(theirs))
+      elif side == "compiled" and "compiled" in times:
+        try:
+          sec, losses[side] = torch_loop(torch, case, params, queries, docs, ts, cfg,
+                                         args.warmup, args.seed, compiled=True, threads=threads)
+          times[side].append(sec)
+        except Exception as e:  # pylint: disable=broad-except
+          note = f"torch.compile failed on this machine: {type(e).__name__}: {str(e)[:300]}"
+          del times[side]
+      elif side == "torch":
+        sec, losses[side] = torch_loop(torch, case, params, queries, docs, ts, cfg, args.warmup,
+                                       args.seed, threads=threads)
+        times[side].append(sec)
+  ours = np.asarray(times["ours"])
+  ours_s = float(np.median(ours))
   sample_ms = sampling_ms(ts, cfg, min(args.steps, 100), args.seed)
   examples = args.batch * args.steps
   row = {"name": f"{case} n={n} B={args.batch}", "examples_per_s": examples / ours_s,
-         "torch_examples_per_s": examples / torch_s,
-         "ratio_vs_torch": float(np.median(np.asarray(theirs) / np.asarray(ours))),
-         "ratio_per_round": [round(t / o, 3) for t, o in zip(theirs, ours)],
-         "ms_per_step": ours_s / args.steps * 1e3, "torch_ms_per_step": torch_s / args.steps * 1e3,
-         "sampling_ms_per_step": sample_ms,
-         "fit_first_s": runs[0],
-         "losses": [{"step": h["step"], "ours": h["loss"], "torch": torch_losses.get(h["step"])}
-                    for h in history if h["step"] in torch_losses]}
+         "ms_per_step": ours_s / args.steps * 1e3, "sampling_ms_per_step": sample_ms,
+         "fit_first_s": runs[0], "matmul_precision": cfg.matmul_precision,
+         "torch_threads": threads if torch is not None else None,
+         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+  for side, key in (("torch", "torch"), ("compiled", "torch_compiled")):
+    if side in times and times[side]:
+      theirs = np.asarray(times[side])
+      row |= {f"{key}_examples_per_s": examples / float(np.median(theirs)),
+              f"ratio_vs_{key}": float(np.median(theirs / ours)),
+              f"{key}_ratio_per_round": [round(float(t / o), 3) for t, o in zip(theirs, ours)],
+              f"{key}_ms_per_step": float(np.median(theirs)) / args.steps * 1e3}
+    else:
+      row |= {f"{key}_examples_per_s": None, f"ratio_vs_{key}": None}
+  row["note"] = note
+  row["losses"] = [{"step": h["step"], "ours": h["loss"],
+                    **{side: losses[side].get(h["step"]) for side in losses}}
+                   for h in history if any(h["step"] in v for v in losses.values())]
   return row
 
 
@@ -240,13 +310,27 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--docs", type=int, default=20000, help="corpus docs N")
   ap.add_argument("--queries", type=int, default=5000, help="training queries (= pairs)")
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--torch-threads", default="auto",
+                  help="torch intra-op threads: auto (the faster of cpu_count and 1) or a number")
+  ap.add_argument("--omp-wait-policy", default="PASSIVE",
+                  help="OMP_WAIT_POLICY for torch's OpenMP (set before torch is imported, unless "
+                       "already in the environment); '' leaves it unset")
+  ap.add_argument("--no-compile", dest="compile", action="store_false",
+                  help="skip the torch.compile peer")
+  ap.add_argument("--no-torch", action="store_true",
+                  help="time ours only (e.g. on an accelerator, where the CPU torch peer is not a "
+                       "like-for-like peer); ratios are null")
   ap.add_argument("--json", default=None, help="write the results here")
   args = ap.parse_args(argv)
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    sys.exit("train_throughput needs PyTorch for its peer: pip install torch==2.13.0 "
-             "(the CPU wheel; torch is not a dependency of bilinear_ir)")
+  torch = None
+  if args.omp_wait_policy and "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # read when libgomp loads (with torch)
+  if not args.no_torch:
+    try:
+      import torch  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      sys.exit("train_throughput needs PyTorch for its peer: pip install torch==2.13.0 "
+               "(the CPU wheel; torch is not a dependency of bilinear_ir), or pass --no-torch")
   cases = [c.strip() for c in args.cases.split(",") if c.strip()]
   unknown = sorted(set(cases) - set(CASES))
   if unknown:
@@ -259,27 +343,39 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(f"--batch must be <= --queries and a multiple of the {jax.device_count()} devices")
   if "lowrank" in cases and min(dims) < CASES["lowrank"]["rank"]:
     sys.exit(f"lowrank needs n >= its rank {CASES['lowrank']['rank']}")
-  hw = hardware(torch.__version__)
+  hw = hardware(torch.__version__ if torch is not None else "not used")
+  if torch is not None and args.compile:
+    import torch._inductor.config as inductor_config  # pylint: disable=g-import-not-at-top
+    hw += (f"; torch.compile: inductor {inductor_config.cpu_backend} backend, "
+           f"cpp compiler {inductor_config.cpp.cxx[0] or 'default'}")
   print(hw)
   print(f"corpus: {args.docs} docs, {args.queries} queries/pairs; batch {args.batch} queries x "
         f"{2 * args.batch} candidates; {args.warmup} warm-up + {args.steps} timed steps")
-  header = (f"{'case':<24}{'ours ex/s':>11}{'torch ex/s':>12}{'ratio':>7}{'ours ms':>9}"
-            f"{'torch ms':>10}{'sample ms':>11}{'first s':>9}")
+  fmt = lambda v, spec: format(v, spec) if v is not None else format("-", spec[:-2] + "s")
+  header = (f"{'case':<24}{'ours ex/s':>11}{'torch ex/s':>12}{'ratio':>7}{'compiled ex/s':>15}"
+            f"{'ratio':>7}{'ours ms':>9}{'sample ms':>11}{'first s':>9}")
   print(header)
   rows = []
   for case in cases:
     for n in dims:
       r = run_case(torch, case, n, args)
       rows.append(r)
-      print(f"{r['name']:<24}{r['examples_per_s']:>11.0f}{r['torch_examples_per_s']:>12.0f}"
-            f"{r['ratio_vs_torch']:>7.2f}{r['ms_per_step']:>9.2f}{r['torch_ms_per_step']:>10.2f}"
+      print(f"{r['name']:<24}{r['examples_per_s']:>11.0f}"
+            f"{fmt(r['torch_examples_per_s'], '>12.0f')}{fmt(r['ratio_vs_torch'], '>7.2f')}"
+            f"{fmt(r['torch_compiled_examples_per_s'], '>15.0f')}"
+            f"{fmt(r['ratio_vs_torch_compiled'], '>7.2f')}{r['ms_per_step']:>9.2f}"
             f"{r['sampling_ms_per_step']:>11.2f}{r['fit_first_s']:>9.2f}  rounds "
-            f"{r['ratio_per_round']}", flush=True)
-  print("loss check (same batches, same init; ours vs torch at logged steps):")
-  for r in rows:
-    pairs = ", ".join(f"{x['step']}: {x['ours']:.4f}/{x['torch']:.4f}" for x in r["losses"])
-    worst = max(abs(x["ours"] - x["torch"]) / max(abs(x["torch"]), 1e-12) for x in r["losses"])
-    print(f"  {r['name']}: {pairs} (max relative difference {worst:.1e})")
+            f"{r.get('torch_ratio_per_round')} / {r.get('torch_compiled_ratio_per_round')}"
+            + (f"  note: {r['note']}" if r["note"] else ""), flush=True)
+  if torch is not None:
+    print("loss check (same batches, same init; ours vs torch eager / compiled at logged steps):")
+    for r in rows:
+      pairs = ", ".join(f"{x['step']}: {x['ours']:.4f}/" + "/".join(
+          f"{x[s]:.4f}" for s in ("torch", "compiled") if x.get(s) is not None)
+                        for x in r["losses"])
+      worst = max([abs(x["ours"] - x[s]) / max(abs(x[s]), 1e-12) for x in r["losses"]
+                   for s in ("torch", "compiled") if x.get(s) is not None] or [0.0])
+      print(f"  {r['name']}: {pairs} (max relative difference {worst:.1e})")
   if args.json:
     files.atomic_write_json(args.json, {"hardware": hw, "cases": rows})
 

@@ -4,13 +4,20 @@ SVD truncation into factors, the spectrum, Theorem 3's pointwise bound
 `|q^T W d - q^T W_r d| <= sigma_{r+1} |q| |d|`, its tightness witness (`q = u_{r+1}`,
 `d = v_{r+1}`), the bound checked pointwise on real (query, doc) pairs (`check_theorem3`), and
 rank selection from the spectrum.
+
+Precision: the jax matmuls behind the Theorem-3 checks (`truncated`, `pointwise_error`) run at
+float32 (`lax.Precision.HIGHEST`, explicit) and the SVD is traced under float32 matmul precision,
+on every backend (JAX's default is TF32 on recent NVIDIA GPUs, bf16 passes on TPU, whose errors
+would swamp the bound being checked); `score_gap` / `check_theorem3` are float64 numpy.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from bilinear_ir.errors import require
 
@@ -23,14 +30,19 @@ class SVD(NamedTuple):
 
 
 def svd(W: jnp.ndarray) -> SVD:
-  """Full SVD of W [n, n] with `jax.numpy.linalg.svd`; singular values descending."""
-  U, S, Vt = jnp.linalg.svd(jnp.asarray(W), full_matrices=True)
+  """Full SVD of W [n, n] with `jax.numpy.linalg.svd`; singular values descending.
+
+  Traced at float32 matmul precision (TPU's SVD iterates with matmuls).
+  """
+  with jax.default_matmul_precision("highest"):
+    U, S, Vt = jnp.linalg.svd(jnp.asarray(W), full_matrices=True)
   return SVD(U, S, Vt)
 
 
 def spectrum(W: jnp.ndarray) -> jnp.ndarray:
-  """Singular values of W [n, n], descending: [n]."""
-  return jnp.linalg.svd(jnp.asarray(W), compute_uv=False)
+  """Singular values of W [n, n], descending: [n] (float32 matmul precision, as `svd`)."""
+  with jax.default_matmul_precision("highest"):
+    return jnp.linalg.svd(jnp.asarray(W), compute_uv=False)
 
 
 def truncate(W: jnp.ndarray, rank: int, decomposition: SVD | None = None
@@ -53,9 +65,9 @@ def truncate(W: jnp.ndarray, rank: int, decomposition: SVD | None = None
 
 
 def truncated(W: jnp.ndarray, rank: int, decomposition: SVD | None = None) -> jnp.ndarray:
-  """The dense best rank-r approximation W_r [n, n]."""
+  """The dense best rank-r approximation W_r [n, n] (`P @ Q.T` at float32 precision)."""
   P, Q = truncate(W, rank, decomposition)
-  return P @ Q.T
+  return jnp.matmul(P, Q.T, precision=lax.Precision.HIGHEST)
 
 
 def sigma_next(S: jnp.ndarray, rank: int) -> jnp.ndarray:
@@ -70,8 +82,8 @@ def pointwise_bound(S: jnp.ndarray, rank: int, q: jnp.ndarray, d: jnp.ndarray) -
 
 def pointwise_error(W: jnp.ndarray, W_r: jnp.ndarray, q: jnp.ndarray, d: jnp.ndarray
                     ) -> jnp.ndarray:
-  """`|q^T W d - q^T W_r d|` for paired q [B, n], d [B, n] -> [B]."""
-  return jnp.abs(jnp.einsum("bi,ij,bj->b", q, W - W_r, d))
+  """`|q^T W d - q^T W_r d|` for paired q [B, n], d [B, n] -> [B] (float32 precision)."""
+  return jnp.abs(jnp.einsum("bi,ij,bj->b", q, W - W_r, d, precision=lax.Precision.HIGHEST))
 
 
 def tightness_witness(decomposition: SVD, rank: int) -> tuple[jnp.ndarray, jnp.ndarray]:

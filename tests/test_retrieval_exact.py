@@ -132,6 +132,29 @@ def test_stream_equals_topk_over_concatenation(tmp_path):
   np.testing.assert_array_equal(np.asarray(res.scores), scores)
 
 
+def test_stream_scans_memory_mapped_shards_in_place(tmp_path):
+  """On CPU a memory-mapped shard reaches XLA without a copy (a copy-on-write mapping of the same
+  bytes, never written); slices and dtype views of a mapping map the right bytes."""
+  rng = np.random.default_rng(5)
+  q, d = ints(rng, (3, 8)), ints(rng, (1000, 8))
+  path = str(tmp_path / "rows.npy")
+  np.save(path, d)
+  mm = np.load(path, mmap_mode="r", allow_pickle=False)
+  table, mapping = exact._device_rows(mm[100:700])  # a slice: offset moves into the file
+  assert mapping is not None and table.unsafe_buffer_pointer() == mapping.ctypes.data
+  np.testing.assert_array_equal(np.asarray(table), d[100:700])
+  shards = [mm[:100], mm[100:700], mm[700:]]
+  res = exact.topk_stream(q, shards, 15, chunk=64)
+  ids, scores = twin(q, d, 15)
+  np.testing.assert_array_equal(np.asarray(res.ids), ids)
+  np.testing.assert_array_equal(np.asarray(res.scores), scores)
+  assert not np.asarray(mm).flags.writeable and np.array_equal(np.load(path), d)  # untouched
+  # A dtype view (bf16 indexes store uint16 bit patterns) and a non-contiguous view.
+  bits = np.load(path, mmap_mode="r").view(np.uint16)[5:9]
+  np.testing.assert_array_equal(np.asarray(exact._device_rows(bits)[0]), d.view(np.uint16)[5:9])
+  assert exact._device_rows(mm[:, :4])[1] is None
+
+
 def multi_twin(q, rows, doc_ids, valid, k):
   s = np.asarray(q, np.float64) @ np.asarray(rows, np.float64).T
   s = np.where(valid[None], s, -np.inf)

@@ -25,6 +25,9 @@ Float32 error: the bound is made rigorous for what is computed.
     score, the bound terms and the full-W rescore `(q W) . d`. The `safety` factor (default 2)
     covers the rounding of the bound terms themselves. Typical rounding is ~sqrt(m) u, so the
     slack is conservative; relative to sigma_1 |q||d| it is about `safety * m * u * sqrt(n)`.
+Every matmul here (the tables, the bound scans, the rescoring) runs at `exact.PRECISION`
+(float32, passed explicitly): u = 2^-24 is the float32 unit roundoff, not TF32's 2^-11 (GPU
+default) or bf16's 2^-8 (TPU default), so the slack would not cover the backends' defaults.
 With it, L <= the float32 full-W score <= U for every (q, d), so the candidate set holds every doc
 whose float32 score reaches the k-th float32 score: the result is the float32 brute-force top-k of
 `(q W) . d`, ties by lower id (and, up to one score's rounding, the real-number top-k).
@@ -144,24 +147,27 @@ def build_certified(W, docs, rank: int, *, safety: float = 2.0) -> CertifiedInde
 @jax.jit
 def _doc_table(docs, Q):
   """docs [N, n], Q [n, r] -> [N, r + 1] = [d Q, |d|]."""
-  return jnp.concatenate([docs @ Q, jnp.linalg.norm(docs, axis=1, keepdims=True)], axis=1)
+  return jnp.concatenate([jnp.matmul(docs, Q, precision=exact.PRECISION),
+                          jnp.linalg.norm(docs, axis=1, keepdims=True)], axis=1)
 
 
 @jax.jit
 def _query_tables(queries, P, W, bound):
   """queries [B, n] -> lower-bound table, upper-bound table [B, r + 1], full-W table [B, n]."""
-  qp = queries @ P
+  qp = jnp.matmul(queries, P, precision=exact.PRECISION)
   e = bound * jnp.linalg.norm(queries, axis=1, keepdims=True)
-  return (jnp.concatenate([qp, -e], axis=1), jnp.concatenate([qp, e], axis=1), queries @ W)
+  return (jnp.concatenate([qp, -e], axis=1), jnp.concatenate([qp, e], axis=1),
+          jnp.matmul(queries, W, precision=exact.PRECISION))
 
 
 @functools.partial(jax.jit, static_argnames=("k",))
 def _rescore(qt, dt, ids, k):
   """Exact top-k of candidates: qt [b, w], dt [N, w], ids [b, M] -> TopK [b, k].
 
-  Scores are float32 `qt . dt[id]`; ties by lower id.
+  Scores are float32 `qt . dt[id]` (at `exact.PRECISION` on every backend); ties by lower id.
   """
-  scores = jnp.einsum("bw,bmw->bm", qt, dt[ids], preferred_element_type=jnp.float32)
+  scores = jnp.einsum("bw,bmw->bm", qt, dt[ids], precision=exact.PRECISION,
+                      preferred_element_type=jnp.float32)
   return exact.merge(scores, ids, k)
 
 

@@ -19,6 +19,13 @@ here is kept in doc-id order, and `merge` sorts by (score desc, id asc)).
 Scores must be finite (NaN or -inf scores give unspecified ranks); they are float32 (bf16 tables
 are multiplied with float32 accumulation).
 
+Precision on every backend: every score matmul here runs at `PRECISION` (`lax.Precision.HIGHEST`,
+float32 products and sums), passed explicitly. JAX's default is float32 on CPU but TF32 on recent
+NVIDIA GPUs and one bf16 pass on TPU, whose scores can differ from float32 in the 3rd decimal: the
+exactness claims (this scan equals the float32 brute force) and every bound built on float32
+rounding (`certified`, `mol_topk.exact_two_pass`) assume float32 arithmetic. bf16 tables are
+unaffected (bf16 products are exact in float32 and accumulate in float32).
+
     res = topk(qt, dt, k=10)                   # TopK(scores [B, 10], ids [B, 10])
     res = topk_stream(qt, shards, k=10)        # shards: iterable of [N_i, w] (e.g. memmaps)
     res = multi_vector_topk(qt, rows, doc_ids_of_rows, k=10)   # max over each doc's rows
@@ -32,6 +39,7 @@ matmuls on CPUs with AVX512-BF16) plus a float32 rescoring of a few candidates p
 from __future__ import annotations
 
 import functools
+import mmap
 from typing import Iterable, NamedTuple
 
 import jax
@@ -45,6 +53,7 @@ DEFAULT_CHUNK = 8192        # doc rows per scan step for k <= 64: [B, chunk] sco
 MAX_CHUNK = 32768           # largest default chunk (k > 256 then prunes with smaller blocks)
 DEFAULT_QUERY_CHUNK = 1024  # queries per scan
 MAX_BLOCK = 32              # largest block of docs summarised by its maximum
+PRECISION = lax.Precision.HIGHEST  # float32 score matmuls on every backend (module docstring)
 NO_DOC = np.iinfo(np.int32).max  # id of a padding slot (only returned when fewer than k docs)
 
 
@@ -126,9 +135,12 @@ def _brute_force(qt, dt, k):
 
 
 def _dot(qt: jax.Array, dt: jax.Array) -> jax.Array:
-  """qt [B, w] x dt [C, w] -> [B, C] float32 (bf16 tables: bf16 inputs, f32 accumulation)."""
+  """qt [B, w] x dt [C, w] -> [B, C] float32 (bf16 tables: bf16 inputs, f32 accumulation).
+
+  At `PRECISION` (float32, not the backend's default TF32 / bf16 passes).
+  """
   return lax.dot_general(qt.astype(dt.dtype), dt, (((1,), (1,)), ((), ())),
-                         preferred_element_type=jnp.float32)
+                         precision=PRECISION, preferred_element_type=jnp.float32)
 
 
 def merge(scores, ids, k: int) -> TopK:
@@ -337,12 +349,54 @@ def _count_jit(qt, dt, cutoff, chunk):
   return total
 
 
+def _file_mapping(shard) -> tuple[str, int] | None:
+  """(file, byte offset of the first element) of a C-contiguous `np.memmap`, else None."""
+  if not (isinstance(shard, np.memmap) and shard.filename and shard.flags.c_contiguous
+          and isinstance(getattr(shard, "_mmap", None), mmap.mmap)):
+    return None
+  try:
+    base = np.frombuffer(shard._mmap, np.uint8).ctypes.data  # pylint: disable=protected-access
+  except (TypeError, ValueError):
+    return None
+  start = shard.offset - shard.offset % mmap.ALLOCATIONGRANULARITY  # where np.memmap mapped
+  return shard.filename, start + shard.ctypes.data - base
+
+
+def _device_rows(shard) -> tuple[jax.Array, np.memmap | None]:
+  """One shard as a jax array: [R, w] -> ([R, w], its CPU mapping or None).
+
+  On CPU, a memory-mapped shard is mapped again copy-on-write (never written) and handed to XLA
+  without a copy (`jax.device_put` aliases a writeable host buffer on CPU; a read-only one is
+  copied first, which costs a second pass over the bytes): the scan reads the pages in place.
+  Elsewhere (or for other arrays) it is `jnp.asarray`.
+  """
+  where = (_file_mapping(shard) if jax.default_backend() == "cpu" and np.size(shard)
+           else None)
+  if where is None:
+    return jnp.asarray(shard), None
+  rows = np.memmap(where[0], dtype=shard.dtype, mode="c", offset=where[1], shape=shard.shape)
+  return jax.device_put(rows), rows
+
+
+def _read_ahead(rows: np.memmap | None) -> None:
+  """Asks the kernel to start reading a mapped shard (MADV_WILLNEED), where supported."""
+  if rows is not None and hasattr(mmap, "MADV_WILLNEED"):
+    try:
+      rows._mmap.madvise(mmap.MADV_WILLNEED)  # pylint: disable=protected-access
+    except (AttributeError, OSError, ValueError):
+      pass
+
+
 def topk_stream(query_table, shards: Iterable, k: int, *, num_docs: int | None = None,
                 **kwargs) -> TopK:
   """Exact top-k over a doc table given as consecutive row shards (e.g. memory-mapped `.npy`).
 
-  Only one shard is on the device at a time (the next one is read while the device works on the
-  current one); ids are global row numbers (shard i starts after the rows of shards 0..i-1).
+  At most two shards are on the device at a time (the next one is placed while the device works
+  on the current one); ids are global row numbers (shard i starts after the rows of shards
+  0..i-1).
+  On CPU, memory-mapped shards are scanned in place, without a copy (`_device_rows`), and the
+  kernel is asked to read the next shard ahead while the current one is scanned: the bytes are
+  read once, overlapped with the scan.
 
   Args:
     query_table: [B, w].
@@ -357,13 +411,24 @@ def topk_stream(query_table, shards: Iterable, k: int, *, num_docs: int | None =
   if num_docs is not None:
     check_tables(query_table, np.zeros((0, np.shape(query_table)[-1])), k, num_docs=num_docs)
   offset, found = 0, []
-  for i, shard in enumerate(shards):
+  shards = iter(shards)
+  nxt = next(shards, None)
+  placed = None if nxt is None else _device_rows(nxt)
+  if placed is not None:
+    _read_ahead(placed[1])
+  i = 0
+  while nxt is not None:
+    shard, (table, _) = nxt, placed
+    nxt = next(shards, None)
+    if nxt is not None:  # map the next shard and start its read before this one's scan
+      placed = _device_rows(nxt)
+      _read_ahead(placed[1])
     rows = np.shape(shard)[0]
-    if rows == 0:
-      continue
-    check_tables(query_table, shard, min(k, rows), where=f"shard {i}")
-    found.append(topk(query_table, jnp.asarray(shard), min(k, rows), id_offset=offset, **kwargs))
-    offset += rows
+    if rows:
+      check_tables(query_table, shard, min(k, rows), where=f"shard {i}")
+      found.append(topk(query_table, table, min(k, rows), id_offset=offset, **kwargs))
+      offset += rows
+    i += 1
   if offset < k:
     raise input_error(f"k must be an integer in [1, {offset}] (the number of docs), got {k!r}",
                       file="retrieval", field="k")

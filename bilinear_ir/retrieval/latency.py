@@ -6,9 +6,15 @@ storage dtype. A timed call is one jitted function of the raw query input that c
 side and scores the K stored docs; query encoder (transformer) time is not included (it is the
 same for every scorer). Used by `benchmarks/late_interaction_latency.py` (random inputs) and the
 `late_interaction` job (real SciFact tokens and trained params).
+
+Also the benchmarks' shared measurement helpers: `hardware` (the line every benchmark prints),
+`timed_interleaved`, and the device's peaks, from a table of known accelerators
+(`KNOWN_PEAKS`) and measured in the same run (`measure_peaks`: a copy and two matmuls), so a
+benchmark can state its achieved FLOP/s and bandwidth as fractions of them (`fractions`).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import statistics
@@ -23,17 +29,141 @@ from bilinear_ir import allocator
 from bilinear_ir import scorers
 
 
-def hardware() -> str:
-  """One line: CPU model, core count, jax backend and devices, allocator setting."""
+# Dense peaks of known accelerators (vendor data sheets), matched by a substring of
+# `device_kind` (first match wins, so the specific names come first): float32 TFLOP/s as
+# `Precision.HIGHEST` runs it (GPUs: the CUDA cores, no TF32; TPUs: 6 bf16 passes, 1/6 of bf16),
+# bf16 TFLOP/s (tensor cores / MXU, float32 accumulation) and memory GB/s.
+KNOWN_PEAKS = (
+    ("H100 PCIe", 51.2, 756.0, 2000.0),
+    ("H100 NVL", 60.0, 835.0, 3900.0),
+    ("H100", 66.9, 989.0, 3350.0),
+    ("H200", 66.9, 989.0, 4800.0),
+    ("GH200", 66.9, 989.0, 4000.0),
+    ("A100-SXM4-40GB", 19.5, 312.0, 1555.0),
+    ("A100-PCIE-40GB", 19.5, 312.0, 1555.0),
+    ("A100", 19.5, 312.0, 2039.0),
+    ("A10G", 31.2, 70.0, 600.0),
+    ("L40S", 91.6, 362.0, 864.0),
+    ("L4", 30.3, 121.0, 300.0),
+    ("V100", 15.7, 0.0, 900.0),
+    ("T4", 8.1, 0.0, 320.0),
+    ("TPU v4", 275.0 / 6, 275.0, 1200.0),
+    ("TPU v5 lite", 197.0 / 6, 197.0, 819.0),
+    ("TPU v5e", 197.0 / 6, 197.0, 819.0),
+    ("TPU v5", 459.0 / 6, 459.0, 2765.0),
+    ("TPU v6", 918.0 / 6, 918.0, 1640.0),
+)
+
+
+def cpu_model() -> str:
+  """The CPU model name (/proc/cpuinfo), else the platform's processor string."""
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
       cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
   except (OSError, StopIteration):
     pass
+  return cpu
+
+
+def numpy_blas() -> str:
+  """numpy's BLAS and, for OpenBLAS, the core type it runs (read through ctypes)."""
+  try:
+    with open("/proc/self/maps", encoding="utf-8") as f:
+      libs = sorted({line.split()[-1] for line in f
+                     if "openblas" in line.lower() and "numpy" in line})
+  except OSError:
+    libs = []
+  for path in libs:
+    lib = ctypes.CDLL(path)
+    for prefix in ("scipy_openblas", "openblas"):
+      for suffix in ("64_", ""):
+        fn = getattr(lib, f"{prefix}_get_corename{suffix}", None)
+        if fn is not None:
+          fn.restype = ctypes.c_char_p
+          return f"numpy OpenBLAS core {fn().decode()}"
+  return "numpy BLAS core unknown"
+
+
+def hardware() -> str:
+  """One line: CPU model, core count, jax backend and devices, allocator setting, and the core
+  type numpy's OpenBLAS runs (as loaded, whatever OPENBLAS_CORETYPE says now)."""
   dev = jax.devices()[0]
-  return (f"{cpu}; {os.cpu_count()} cores; jax {jax.__version__} {dev.platform} "
-          f"({jax.device_count()} x {dev.device_kind}); {allocator.describe()}")
+  return (f"{cpu_model()}; {os.cpu_count()} cores; jax {jax.__version__} {dev.platform} "
+          f"({jax.device_count()} x {dev.device_kind}); {allocator.describe()}; {numpy_blas()}")
+
+
+def known_peaks(device_kind: str | None = None) -> dict[str, float] | None:
+  """{"f32_gflops", "bf16_gflops", "gb_per_s"} of `device_kind` (default: device 0) from
+  `KNOWN_PEAKS`, or None for a device not in the table (CPUs)."""
+  kind = jax.devices()[0].device_kind if device_kind is None else device_kind
+  for name, f32, bf16, bw in KNOWN_PEAKS:
+    if name.lower() in kind.lower():
+      return {"f32_gflops": f32 * 1e3, "bf16_gflops": bf16 * 1e3 or None, "gb_per_s": bw,
+              "source": f"table ({name})"}
+  return None
+
+
+def measure_peaks(repeats: int = 5) -> dict[str, float]:
+  """Peaks measured on device 0 now: a copy (`x * 1`, read + write) and float32 (HIGHEST) and
+  bf16 (float32 accumulation) square matmuls; best of `repeats` calls each.
+
+  Sizes: 256 MiB and n = 2,048 on CPU, 1 GiB and n = 8,192 on accelerators.
+
+  Returns:
+    {"gb_per_s", "f32_gflops", "bf16_gflops", "source": "measured"}.
+  """
+  cpu = jax.devices()[0].platform == "cpu"
+  words, n = (1 << 26, 2048) if cpu else (1 << 28, 8192)
+
+  def best(fn, *args):
+    jax.block_until_ready(fn(*args))
+    out = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      out.append(time.perf_counter() - t0)
+    return min(out)
+
+  x = jnp.ones((words,), jnp.float32)
+  copy = best(jax.jit(lambda v: v * 1.0), x)
+  del x
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  mm = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precision.HIGHEST,
+                                       preferred_element_type=jnp.float32))
+  f32 = best(mm, a, a)
+  b = a.astype(jnp.bfloat16)
+  bf16 = best(mm, b, b)
+  return {"gb_per_s": 2 * 4 * words / copy / 1e9, "f32_gflops": 2 * n ** 3 / f32 / 1e9,
+          "bf16_gflops": 2 * n ** 3 / bf16 / 1e9, "source": "measured"}
+
+
+def fractions(gflops: float, gb_per_s: float, dtype: str, peaks: dict[str, Any]) -> dict:
+  """Achieved FLOP/s and bandwidth as fractions of each peak in `peaks` ({"measured": ...,
+  "table": ... or None}), for matmuls of `dtype` ("float32" or "bfloat16")."""
+  out = {}
+  key = "bf16_gflops" if dtype == "bfloat16" else "f32_gflops"
+  for name, peak in peaks.items():
+    if not peak:
+      continue
+    if peak.get(key):
+      out[f"flops_fraction_of_{name}_peak"] = round(gflops / peak[key], 3)
+    if peak.get("gb_per_s"):
+      out[f"bandwidth_fraction_of_{name}_peak"] = round(gb_per_s / peak["gb_per_s"], 3)
+  return out
+
+
+def peaks_line(peaks: dict[str, Any]) -> str:
+  """One line naming the peaks the fractions refer to."""
+  parts = []
+  for name, p in peaks.items():
+    if p:
+      bf = f"{p['bf16_gflops']:.0f}" if p.get("bf16_gflops") else "-"
+      parts.append(f"{name}: copy {p['gb_per_s']:.1f} GB/s, float32 matmul "
+                   f"{p['f32_gflops']:.0f} GFLOP/s, bf16 {bf} GFLOP/s ({p['source']})")
+    else:
+      parts.append(f"{name}: device not in the table")
+  return "peaks: " + "; ".join(parts)
 
 
 def timed(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:

@@ -40,6 +40,14 @@ retrieved, +inf when fewer than K candidates were.
 
 Ties are deterministic: equal scores rank the lower item index first, everywhere.
 
+Precision: the exact algorithms (`brute_force`, `exact_two_pass`) trace every matmul (component
+logits, the gating MLP, the per-component scans) at float32 (`FLOAT32`, i.e.
+`jax.default_matmul_precision("highest")` around their bodies), on every backend: JAX's default is
+TF32 on recent NVIDIA GPUs and one bf16 pass on TPU, relative errors near 1e-3, which the fixed
+1e-4 slack of `exact_two_pass` does not cover (float32 rounding, ~d_P 2^-24, does). The
+approximate algorithms run at the backend's default precision; their gap bounds hold for the
+scores as computed.
+
 Memory: scans over the items hold (B, chunk, P) logits at a time (plus (B, chunk, gate_hidden)
 gate activations where they MoL-score), so 1M items fit; re-scoring gathers (B, chunk, P_x, d_P)
 candidate components at a time; TopKAvg scores all items in one [B, N] array, and its tight
@@ -72,6 +80,7 @@ from bilinear_ir.retrieval import exact
 from bilinear_ir.scorers.mol import outer_logits
 
 DEFAULT_CHUNK = 4096
+FLOAT32 = "highest"  # `jax.default_matmul_precision` of the exact algorithms (module docstring)
 
 
 @flax.struct.dataclass
@@ -348,7 +357,8 @@ def brute_force(src: Source, k: int, chunk: int = DEFAULT_CHUNK) -> MolTopK:
   def chunk_fn(start, size):
     return {"phi": src.phi(src.logits(start, size), start + jnp.arange(size))}
 
-  scores, ids = _running_topk(src.num_items, chunk, chunk_fn, {"phi": k})["phi"]
+  with jax.default_matmul_precision(FLOAT32):  # the ground truth: float32 on every backend
+    scores, ids = _running_topk(src.num_items, chunk, chunk_fn, {"phi": k})["phi"]
   zero = jnp.zeros(ids.shape[:1], jnp.float32)
   return MolTopK(ids, scores, zero, zero, jnp.zeros(ids.shape[:1], bool))
 
@@ -371,12 +381,19 @@ def exact_two_pass(src: Source, k: int, max_range: int = 4096,
   """
   _check(k)
   require(max_range >= 1, f"must be >= 1, got {max_range}", field="max_range")
+  with jax.default_matmul_precision(FLOAT32):  # the slack below assumes float32 logits
+    return _exact_two_pass(src, k, max_range, chunk)
+
+
+def _exact_two_pass(src: Source, k: int, max_range: int, chunk: int) -> MolTopK:
+  """The body of `exact_two_pass` (traced under float32 matmul precision)."""
   num_p = src.logits(0, 1).shape[-1]
 
   comp_ids = src.component_topk(k)[1]
   g_scores, _ = _rescore(src, comp_ids.reshape(comp_ids.shape[0], num_p * k), k, chunk)
   s_min = g_scores[:, k - 1]
-  # phi <= max_p l_p holds exactly; the slack covers float rounding between the two computations.
+  # phi <= max_p l_p holds exactly; the slack covers float32 rounding between the two
+  # computations (~P d_P 2^-24 relative; not TF32 / bf16, hence FLOAT32).
   threshold = s_min - 1e-4 * (1.0 + jnp.abs(s_min))
   m_vals, m_ids = _running_topk(
       src.num_items, chunk, lambda s, z: {"max": jnp.max(src.logits(s, z), axis=-1)},
