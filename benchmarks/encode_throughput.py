@@ -13,10 +13,10 @@ Work (the same on both sides): the first `--texts` SciFact docs (title + abstrac
 than 256 tokens, so truncation counts) and the first `--texts` claims (short), embedded
 from strings to pooled, L2-normalised vectors (mean pooling: both models' sentence-transformers
 setting) at `--max_lengths` tokens, `--batch_size` texts per batch. Tokenization is timed.
-  * flax: `data.encoders`: tokenize (`tokenizers`, truncation), sort by token length, cut into
-    batches, pad each to its length bucket (multiples of 32, then max_length, as
-    `data.embeddings` does: one compilation per bucket, done in the warm-up), one jitted
-    forward + pooling per batch; all batches dispatched before the results are read.
+  * flax: the project's path (`data.embeddings.run_model`, the disk cache left out): tokenize
+    (`tokenizers`, truncation), sort by token length, cut into batches, pad each to its length
+    bucket (multiples of 32, then max_length: one compilation per bucket, done in the warm-up),
+    one jitted forward (both poolings) per batch, results read while the next batch runs.
   * torch: `SentenceTransformer(folder).encode(texts, batch_size)`, its own length sorting
     (by characters) and per-batch padding to the longest text; torch 2.13 CPU with
     `torch.set_num_threads(os.cpu_count())`; `encode` runs under `torch.inference_mode()`;
@@ -28,7 +28,6 @@ max |flax - torch| of the vectors as a check that both did the same work.
 from __future__ import annotations
 
 import argparse
-import bisect
 import os
 import sys
 import time
@@ -37,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bilinear_ir import allocator
 from bilinear_ir import defaults
 from bilinear_ir import files
 from bilinear_ir.data import embeddings
@@ -45,32 +45,20 @@ from bilinear_ir.data import loaders
 from bilinear_ir.retrieval import latency
 
 MODELS = {"minilm": "all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
-BUCKET_STEP = 32
 
 
 def flax_encode(encoder: encoders.Encoder, texts: list[str], max_length: int, batch_size: int):
-  """A call that embeds `texts` with the Flax encoder: [N, n] float32 unit vectors."""
-  pooling, normalize = encoder.defaults["pooling"], encoder.defaults["normalize"]
-  forward = jax.jit(lambda p, i, m: encoders.pool(encoder.hidden(p, i, m), m, pooling, normalize))
-  buckets = list(range(BUCKET_STEP, max_length, BUCKET_STEP)) + [max_length]
+  """A call that embeds `texts` as the project does (`embeddings.run_model`: length-sorted,
+  bucketed, jitted batches, results read as they come), without the disk cache: [N, n]
+  float32 vectors pooled and normalised as the model's sentence-transformers files say."""
+  settings = dict(encoder.defaults, max_length=max_length)
 
   def run() -> np.ndarray:
     ids = encoder.tokenize(texts, max_length)
-    lengths = np.array([len(t) for t in ids])
-    order = np.argsort(-lengths, kind="stable")
-    pending = []
-    for start in range(0, len(texts), batch_size):
-      rows = order[start:start + batch_size]
-      length = buckets[bisect.bisect_left(buckets, lengths[rows[0]])]
-      a = np.full((batch_size, length), encoder.pad_id, np.int32)
-      m = np.zeros((batch_size, length), np.int32)
-      for r, i in enumerate(rows):
-        a[r, :lengths[i]], m[r, :lengths[i]] = ids[i], 1
-      pending.append((rows, forward(encoder.params, a, m)))
-    out = np.empty((len(texts), encoder.hidden_size), np.float32)
-    for rows, result in pending:
-      out[rows] = np.asarray(result)[:len(rows)]
-    return out
+    raw = embeddings.run_model(encoder, ids, normalize=False, tokens=False,
+                               max_length=max_length, batch_size=batch_size,
+                               devices=jax.local_devices()[:1], desc=None)
+    return embeddings.pooled({"mean": raw[:, 0], "cls": raw[:, 1]}, settings)
 
   return run
 
@@ -135,6 +123,7 @@ def main() -> None:
   except ImportError:
     sys.exit("this benchmark needs torch and sentence-transformers: "
              "pip install torch==2.13.0 sentence-transformers")
+  allocator.keep_freed_memory()  # as bilinear_ir.main; process-wide, so torch runs with it too
   torch.set_num_threads(os.cpu_count())
   transformers.logging.set_verbosity_error()
   transformers.utils.logging.disable_progress_bar()

@@ -57,7 +57,8 @@ class _Silent(_Lines):
     pass
 
 
-def bar(total: int, desc: str, unit: str = "it", initial: int = 0, leave: bool = True):
+def bar(total: int, desc: str, unit: str = "it", initial: int = 0, leave: bool = True,
+        enabled: bool = True):
   """A progress bar over `total` units.
 
   Args:
@@ -66,11 +67,12 @@ def bar(total: int, desc: str, unit: str = "it", initial: int = 0, leave: bool =
     unit: what one unit is ("step", "text", "model").
     initial: units already done (a resumed run).
     leave: keep the finished bar on the terminal.
+    enabled: False reports nothing (the same object, silent).
 
   Returns:
     An object with `update(n)`, `write(message)` and `close()` (also a context manager).
   """
-  if jax.process_index() != 0:
+  if not enabled or jax.process_index() != 0:
     return _Silent(total, desc, unit, initial)
   if is_terminal():
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave)

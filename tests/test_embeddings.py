@@ -96,13 +96,13 @@ def cfg(model_dir: str, cache_dir: str, **overrides):
 def count_runs(monkeypatch):
   """Counts calls of the model runner (each one means the cache was not used)."""
   calls = []
-  real = embeddings._run_model  # pylint: disable=protected-access
+  real = embeddings.run_model
 
   def counted(*args, **kwargs):
     calls.append(1)
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(embeddings, "_run_model", counted)
+  monkeypatch.setattr(embeddings, "run_model", counted)
   return calls
 
 

@@ -15,6 +15,7 @@ from bilinear_ir.data import pipeline
 from bilinear_ir.data import precomputed
 from bilinear_ir.errors import InputError
 from conftest import write_beir
+from conftest import write_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIM = 6
@@ -217,3 +218,32 @@ def test_precomputed_errors_in_process(collection, shuffled, tmp_path):
     precomputed.load(bad, collection, normalize=False)
   with pytest.raises(InputError, match="no such folder"):
     precomputed.load(str(tmp_path / "nowhere"), collection, normalize=False)
+
+
+def test_embed_then_precomputed_trains_to_the_same_numbers(beir, tmp_path):
+  """configs/embed.py writes the collection's embeddings; train_eval on them equals train_eval
+  on the encoder itself, metric for metric."""
+  model = write_model(str(tmp_path / "bert"), "bert", seed=1)
+  enc = [f"--config.encoder.model={model}", f"--config.encoder.cache_dir={tmp_path / 'cache'}",
+         "--config.encoder.max_length=24"]
+  data = ["--config.data.format=beir", f"--config.data.path={beir}"]
+  train = ["--config.train.steps=10", "--config.train.eval_every=5",
+           "--config.train.batch_size=4"]
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  run = lambda *args: subprocess.run([sys.executable, "-m", "bilinear_ir.main", *args], cwd=REPO,
+                                     env=env, capture_output=True, text=True, timeout=600)
+  out = run("--config=configs/embed.py:pooling=mean", *enc, *data, f"--workdir={tmp_path / 'e'}")
+  assert out.returncode == 0, out.stderr[-2000:]
+  folder = tmp_path / "e" / "embeddings"
+  manifest = json.loads((folder / "manifest.json").read_text())
+  assert manifest["pooling"] == "mean" and manifest["normalize"] is True
+  assert manifest["max_length"] == 24 and manifest["collection"]["docs"] == 30
+  direct = run("--config=configs/train_eval.py:scorer=bilinear,pooling=mean", *enc, *data,
+               *train, f"--workdir={tmp_path / 'direct'}")
+  pre = run("--config=configs/train_eval.py:scorer=bilinear,pooling=mean", *data, *train,
+            "--config.encoder.kind=precomputed", f"--config.encoder.path={folder}",
+            f"--workdir={tmp_path / 'pre'}")
+  assert direct.returncode == 0 and pre.returncode == 0, direct.stderr[-1000:] + pre.stderr[-1000:]
+  a = json.loads((tmp_path / "direct" / "results.json").read_text())
+  b = json.loads((tmp_path / "pre" / "results.json").read_text())
+  assert a["metrics"] == b["metrics"] and a["dev"] == b["dev"] and a["history"] == b["history"]

@@ -131,7 +131,7 @@ def _forward(encoder: encoders.Encoder, normalize: bool, tokens: bool):
   return jax.jit(forward)
 
 
-def _run_model(encoder: encoders.Encoder, token_ids: list[list[int]], *, normalize: bool,
+def run_model(encoder: encoders.Encoder, token_ids: list[list[int]], *, normalize: bool,
                tokens: bool, max_length: int, batch_size: int,
                devices: Sequence[jax.Device], desc: str) -> np.ndarray:
   """Runs the encoder over tokenized texts in length-sorted, bucketed, sharded batches.
@@ -144,7 +144,7 @@ def _run_model(encoder: encoders.Encoder, token_ids: list[list[int]], *, normali
     max_length: the output token axis T (tokens) and the largest bucket.
     batch_size: texts per step (rounded up to a multiple of len(devices)).
     devices: the devices of the 1-D data mesh.
-    desc: progress bar label.
+    desc: progress bar label (None: no progress report).
 
   Returns:
     [N, 2, n] float32 (raw mean and CLS poolings) or [N, T, n] float16 (tokens), in the order
@@ -176,7 +176,7 @@ def _run_model(encoder: encoders.Encoder, token_ids: list[list[int]], *, normali
     bar.update(len(rows))
 
   pending = []  # dispatched batches not yet copied back (async dispatch overlaps host work)
-  with progress.bar(n_texts, desc, unit="text") as bar:
+  with progress.bar(n_texts, desc or "", unit="text", enabled=desc is not None) as bar:
     for start in range(0, n_texts, batch):
       rows = order[start:start + batch]
       length = int(buckets[np.searchsorted(buckets, lengths[rows[0]])])
@@ -337,7 +337,7 @@ def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tok
   started = time.time()
   token_ids = encoder.tokenize(texts, max_length, prefix)
   devices = list(jax.local_devices() if devices is None else devices)
-  vectors = _run_model(encoder, token_ids, normalize=bool(settings["normalize"]), tokens=tokens,
+  vectors = run_model(encoder, token_ids, normalize=bool(settings["normalize"]), tokens=tokens,
                        max_length=max_length, batch_size=int(encoder_cfg.batch_size),
                        devices=devices, desc=desc)
   arrays = {"vectors": vectors} if tokens else {"mean": vectors[:, 0], "cls": vectors[:, 1]}
@@ -365,10 +365,10 @@ def encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, pref
   """
   arrays, _, settings = _encode(texts, encoder_cfg, tokens=False, max_length=None,
                                 prefix=prefix, devices=devices, desc=desc)
-  return _pooled(arrays, settings)
+  return pooled(arrays, settings)
 
 
-def _pooled(arrays: dict[str, np.ndarray], settings: dict[str, Any]) -> np.ndarray:
+def pooled(arrays: dict[str, np.ndarray], settings: dict[str, Any]) -> np.ndarray:
   """The pooling `settings["pooling"]` of a pooled cache entry, L2-normalised if asked: [N, n]."""
   out = np.array(arrays[str(settings["pooling"])], np.float32)
   if settings["normalize"]:
@@ -482,8 +482,8 @@ def embed_collection(collection: Collection, encoder_cfg: ml_collections.ConfigD
   queries, query_manifest, _ = _encode(
       [collection.queries[q] for q in query_ids], encoder_cfg, tokens=False, max_length=None,
       prefix=str(encoder_cfg.query_prompt), devices=devices, desc=f"{collection.name} queries")
-  return Embeddings(doc_ids=list(collection.doc_ids), docs=_pooled(docs, settings),
-                    query_ids=query_ids, queries=_pooled(queries, settings),
+  return Embeddings(doc_ids=list(collection.doc_ids), docs=pooled(docs, settings),
+                    query_ids=query_ids, queries=pooled(queries, settings),
                     manifest=_settings_manifest(encoder_cfg, settings,
                                                 {"docs": doc_manifest, "queries": query_manifest}))
 

@@ -181,9 +181,9 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
 def _row_name(row: dict[str, Any]) -> str:
   if row["scorer"] == "hybrid":
     return f"hybrid ({row['dense']} + BM25)"
-  if row["scorer"] == "lowrank":
-    return _label(row)
-  return {"dot": "dot (untrained)", "bm25": "BM25"}.get(row["scorer"], row["scorer"])
+  if row["scorer"] in ("dot", "bm25"):
+    return {"dot": "dot (untrained)", "bm25": "BM25"}[row["scorer"]]
+  return _label(row)
 
 
 def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int]) -> str:
