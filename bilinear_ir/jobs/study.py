@@ -340,10 +340,12 @@ def forest_plot(rows: list[dict[str, Any]], config):
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   models = [m for m in dict.fromkeys(r["model"] for r in rows) if m != "dot"]
   cells = list(dict.fromkeys((r["collection"], r["embedding"]) for r in rows))
-  fig, axes = plt.subplots(1, len(models), figsize=(2.6 * len(models), 0.35 * len(cells) + 1.5),
-                           sharex=True, sharey=True, squeeze=False)
+  ncols = min(len(models), 5)
+  nrows = -(-len(models) // ncols)
+  fig, axes = plt.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False,
+                           figsize=(2.6 * ncols, nrows * (0.3 * len(cells) + 1.2)))
   by = {(r["collection"], r["embedding"], r["model"]): r for r in rows}
-  for ax, model in zip(axes[0], models):
+  for ax, model in zip(axes.flat, models):
     for i, (coll, emb) in enumerate(cells):
       c = by[coll, emb, model]["vs_dot"]
       sig = stats.mark(c, config.stats.alpha) != stats.TIE
@@ -353,8 +355,13 @@ def forest_plot(rows: list[dict[str, Any]], config):
     ax.axvline(0.0, color="black", lw=0.8)
     ax.set_title(model, fontsize=9)
     ax.set_xlabel(f"{config.eval.measures[0]} - dot", fontsize=8)
+    ax.xaxis.set_tick_params(labelbottom=True)
+  for ax in axes.flat[len(models):]:
+    ax.set_visible(False)
   axes[0][0].set_yticks(range(len(cells)))
-  axes[0][0].set_yticklabels([f"{c} / {e}" for c, e in cells], fontsize=8)
+  axes[0][0].set_yticklabels([f"{c} / {e}" for c, e in cells])
   axes[0][0].invert_yaxis()
+  for ax in axes[:, 0]:
+    ax.tick_params(axis="y", labelsize=8)
   fig.tight_layout()
   return fig
