@@ -18,9 +18,12 @@ setting) at `--max_lengths` tokens, `--batch_size` texts per batch. Tokenization
     bucket (multiples of 32, then max_length: one compilation per bucket, done in the warm-up),
     one jitted forward (both poolings) per batch, results read while the next batch runs.
   * torch: `SentenceTransformer(folder).encode(texts, batch_size)`, its own length sorting
-    (by characters) and per-batch padding to the longest text; torch 2.13 CPU with
-    `torch.set_num_threads(os.cpu_count())`; `encode` runs under `torch.inference_mode()`;
-    transformers' default attention (SDPA for BERT, eager for MPNet, which has no SDPA).
+    (by characters) and per-batch padding to the longest text; torch 2.13 CPU, its OpenMP
+    threads waiting passively (`OMP_WAIT_POLICY=PASSIVE`, set before torch loads unless already
+    set: spinning threads ran up to 10x slower whenever anything else used the cores) and the
+    faster of os.cpu_count() and 1 intra-op threads, probed per case (`--torch_threads auto`);
+    `encode` runs under `torch.inference_mode()`; transformers' default attention (SDPA for
+    BERT, eager for MPNet, which has no SDPA).
 Timing: `latency.timed_interleaved` (one warm-up call each, then `--rounds` rounds alternating
 the two; medians). Printed per case: texts/s of each and the ratio flax / torch, plus
 max |flax - torch| of the vectors as a check that both did the same work.
@@ -99,6 +102,24 @@ def profile_matmuls(encoder: encoders.Encoder, rows: int, repeats: int) -> None:
     print(f"    {name:<8} xla {x:6.1f}  torch {t:6.1f}  ratio {x / t:.2f}")
 
 
+def torch_threads(torch, call, setting: str) -> int:
+  """Sets and returns torch's intra-op threads: `setting` as a number, or for "auto" the faster
+  of os.cpu_count() and 1 on one timed `call` each (after one untimed call)."""
+  if setting != "auto":
+    torch.set_num_threads(int(setting))
+    return int(setting)
+  seconds = {}
+  for threads in dict.fromkeys((os.cpu_count(), 1)):
+    torch.set_num_threads(threads)
+    call()
+    started = time.perf_counter()
+    call()
+    seconds[threads] = time.perf_counter() - started
+  best = min(seconds, key=seconds.get)
+  torch.set_num_threads(best)
+  return best
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--models", default="minilm,mpnet", help="comma-separated: minilm, mpnet")
@@ -112,7 +133,11 @@ def main() -> None:
                       help="seconds: minilm, 128 tokens, 16 docs + 16 claims, 1 round")
   parser.add_argument("--profile", action="store_true", help="also time one layer's matmuls")
   parser.add_argument("--json", default="", help="write the results to this path")
+  parser.add_argument("--torch_threads", default="auto",
+                      help="torch intra-op threads: auto (the faster of cpu_count and 1, per "
+                      "case) or a number")
   args = parser.parse_args()
+  os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when torch's libgomp loads
   if args.quick:
     args.models, args.max_lengths, args.texts, args.rounds = "minilm", "128", 16, 1
     args.batch_size = min(args.batch_size, 16)
@@ -124,7 +149,6 @@ def main() -> None:
     sys.exit("this benchmark needs torch and sentence-transformers: "
              "pip install torch==2.13.0 sentence-transformers")
   allocator.keep_freed_memory()  # as bilinear_ir.main; process-wide, so torch runs with it too
-  torch.set_num_threads(os.cpu_count())
   transformers.logging.set_verbosity_error()
   transformers.utils.logging.disable_progress_bar()
 
@@ -132,9 +156,10 @@ def main() -> None:
   claims = [collection.queries[q] for q in sorted(collection.queries)]
   texts = collection.doc_strings()[:args.texts] + claims[:args.texts]
   cache_dir = embeddings.resolve_cache_dir(args.cache_dir)
-  hardware = (f"{latency.hardware()}; torch {torch.__version__} ({torch.get_num_threads()} "
-              f"threads, inference_mode), sentence-transformers {sentence_transformers.__version__}"
-              f", transformers {transformers.__version__}")
+  hardware = (f"{latency.hardware()}; torch {torch.__version__} (inference_mode, "
+              f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, threads chosen per case), "
+              f"sentence-transformers {sentence_transformers.__version__}, transformers "
+              f"{transformers.__version__}")
   print(f"hardware: {hardware}")
   print(f"work: {len(texts)} texts ({args.texts} SciFact docs + {args.texts} claims), batch "
         f"{args.batch_size}, {args.rounds} interleaved rounds after 1 warm-up (compiles)")
@@ -145,8 +170,10 @@ def main() -> None:
     print(f"\n{encoder.name}: loaded in {time.perf_counter() - started:.1f} s")
     for max_length in [int(x) for x in args.max_lengths.split(",")]:
       name = f"{MODELS[key]} L={max_length} batch={args.batch_size}"
+      torch_call = torch_encode(encoder.path, texts, max_length, args.batch_size)
+      threads = torch_threads(torch, torch_call, args.torch_threads)
       calls = {"flax": flax_encode(encoder, texts, max_length, args.batch_size),
-               "torch": torch_encode(encoder.path, texts, max_length, args.batch_size)}
+               "torch": torch_call}
       last = {}  # each side's latest vectors
 
       def keeping(key, fn):
@@ -161,9 +188,10 @@ def main() -> None:
       rate, peer_rate = len(texts) / ms["flax"] * 1e3, len(texts) / ms["torch"] * 1e3
       cases.append({"name": name, "texts_per_s": round(rate, 3),
                     "torch_texts_per_s": round(peer_rate, 3),
-                    "ratio_vs_torch": round(rate / peer_rate, 3)})
-      print(f"  {name:<38} flax {rate:7.2f} texts/s   torch {peer_rate:7.2f} texts/s   "
-            f"ratio {rate / peer_rate:.2f}x   max |flax - torch| {diff:.1e}", flush=True)
+                    "ratio_vs_torch": round(rate / peer_rate, 3), "torch_threads": threads})
+      print(f"  {name:<38} flax {rate:7.2f} texts/s   torch {peer_rate:7.2f} texts/s "
+            f"({threads} threads)   ratio {rate / peer_rate:.2f}x   max |flax - torch| "
+            f"{diff:.1e}", flush=True)
       if args.profile:
         profile_matmuls(encoder, args.batch_size * max_length, max(args.rounds, 3))
   if args.json:
