@@ -1,8 +1,8 @@
 """Latency and storage of scoring 1 query x 100 docs (the LITE paper's Table 3 layout).
 
-    python benchmarks/late_interaction_latency.py                     # Tq 32, Td 180, n 384, 100 docs
-    python benchmarks/late_interaction_latency.py --tq 8 --td 24 --dim 32 --docs 10 --m2 64 --m1 16 \
-        --small_tokens 8 --small_m2 32 --repeats 3            # smoke run
+    python benchmarks/late_interaction_latency.py          # Tq 32, Td 180, n 384, 100 docs
+    python benchmarks/late_interaction_latency.py --tq 8 --td 24 --dim 32 --docs 10 \
+        --m2 64 --m1 16 --small_tokens 8 --small_m2 32 --repeats 3            # smoke run
 
 Scorers (random parameters and random token vectors: latency does not depend on the values):
   DE            dot product of one pooled n-vector per query and doc ("dot")

@@ -2,7 +2,8 @@ r"""embed: write a collection's embeddings to WORKDIR/embeddings/ (the precomput
 
   python -m bilinear_ir.main --config=configs/embed.py:encoder=all-mpnet-base-v2,pooling=mean \
       --workdir=runs/embed_mpnet
-  # then any job: --config.encoder.kind=precomputed --config.encoder.path=runs/embed_mpnet/embeddings
+  # then any job: --config.encoder.kind=precomputed \
+  #     --config.encoder.path=runs/embed_mpnet/embeddings
 
 Args (after `:`, comma separated): encoder ("" = all-MiniLM-L6-v2, all-mpnet-base-v2, a model
 folder or a hub name), pooling (mean | cls; "" = the model's), normalize (true | false; "" = true

@@ -27,7 +27,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.job = "fidelity_bm25"
   c.seed = args["seed"]  # triple/query sampling (numpy) and projections (jax.random) derive from it
   c.distributed = False  # True: main calls jax.distributed.initialize() (multi-host launch)
-  c.data = defaults.data_config()  # the collection; the claims (queries) of data.split are the queries
+  c.data = defaults.data_config()  # the collection; the claims of data.split are the queries
 
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.kind = "wordpiece"  # paper: case-insensitive wordpieces; or "bm25s", "regex"

@@ -9,7 +9,8 @@ Args (after `:`, comma separated; lists joined by `+`): collections (scifact, ca
 shipped with the package; or a BEIR folder or zip), embeddings (names of defaults.EMBEDDINGS:
 mean, cls, mpnet-mean, mpnet-cls; or precomputed:DIR), seeds, folds (K of the cross-validation
 of test-only collections), ranks (of the residual low-rank rows), models (wdp, bilinear,
-lowrank), ict_rows (e.g. bilinear+lowrank_r32: also trained on ICT pairs), quick (bool: one seed, 3 folds, scifact + med, mean only: a smoke run).
+lowrank), ict_rows (e.g. bilinear+lowrank_r32: also trained on ICT pairs), quick (bool: one
+seed, 3 folds, scifact + med, mean only: a smoke run).
 """
 from ml_collections import ConfigDict
 

@@ -53,7 +53,8 @@ def write_tokenizer(folder: str, kind: str, words=WORDS) -> int:
   """Writes a WordPiece tokenizer.json (+ tokenizer_config.json); returns the vocab size."""
   roles = SPECIALS[kind]
   cls, sep = roles["cls"], roles["sep"]
-  vocab = {t: i for i, t in enumerate(list(roles.values()) + list(words) + ["##s", "##ed", "##ing"])}
+  tokens = list(roles.values()) + list(words) + ["##s", "##ed", "##ing"]
+  vocab = {t: i for i, t in enumerate(tokens)}
   tok = Tokenizer(models.WordPiece(vocab, unk_token=roles["unk"]))
   tok.normalizer = normalizers.BertNormalizer(lowercase=True)
   tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()

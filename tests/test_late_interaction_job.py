@@ -36,10 +36,10 @@ def test_candidates_are_bm25_top_plus_distinct_random_docs():
     assert len(set(drawn)) == extra and not set(drawn) & set(bm25[r, :depth])
     assert np.all(np.diff(drawn) > 0) and drawn.min() >= 0 and drawn.max() < n_docs
   # A query's candidates do not depend on the other queries asked for; the seed changes them.
-  np.testing.assert_array_equal(candidates.rerank_candidates(bm25, rows[1:2], n_docs, depth, extra, 5),
-                                c[1:2])
-  assert not np.array_equal(candidates.rerank_candidates(bm25, rows, n_docs, depth, extra, 6)[:, depth:],
-                            c[:, depth:])
+  np.testing.assert_array_equal(
+      candidates.rerank_candidates(bm25, rows[1:2], n_docs, depth, extra, 5), c[1:2])
+  reseeded = candidates.rerank_candidates(bm25, rows, n_docs, depth, extra, 6)
+  assert not np.array_equal(reseeded[:, depth:], c[:, depth:])
   # The random part is uniform over the docs outside the BM25 list (numpy twin of the draw).
   rest = np.setdiff1d(np.arange(n_docs), bm25[7, :depth])
   twin = np.sort(np.random.default_rng([5, 7, 7]).choice(rest, size=extra, replace=False))

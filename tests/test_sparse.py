@@ -69,15 +69,15 @@ def test_regex_and_wordpiece_tokenizers():
 
 def test_wordpiece_equals_bert_tokenizer_fast(tmp_path):
   import transformers  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.data.encoders import minilm_dir as default_model_dir  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.data.encoders import minilm_dir  # pylint: disable=g-import-not-at-top
   texts = ["Über-long T-cell IL-6 receptors (p53) naïve café, 42 mice. " * 30, "", "ab"]
-  ref = transformers.BertTokenizerFast.from_pretrained(default_model_dir())
+  ref = transformers.BertTokenizerFast.from_pretrained(minilm_dir())
   want = [ref.tokenize(t) for t in texts]
   assert len(want[0]) > 300  # longer than the model's 256/512: no truncation either way
   assert sparse.Tokenizer(kind="wordpiece")(texts) == want
   vocab_only = tmp_path / "bert"  # a folder with only vocab.txt
   vocab_only.mkdir()
-  shutil.copy(os.path.join(default_model_dir(), "vocab.txt"), vocab_only / "vocab.txt")
+  shutil.copy(os.path.join(minilm_dir(), "vocab.txt"), vocab_only / "vocab.txt")
   assert sparse.Tokenizer(kind="wordpiece", model_dir=str(vocab_only))(texts) == want
 
 

@@ -115,7 +115,8 @@ def test_study_through_main_writes_table_and_forest_plot(tmp_path):
   out = subprocess.run(
       [sys.executable, "-m", "bilinear_ir.main",
        f"--config=configs/study.py:collections={data},embeddings=mean,seeds=0,folds=3,ranks=4,"
-       "models=bilinear+lowrank,ict_rows=", "--config.train.ict.dev_docs=4", "--config.train.steps=6", "--config.train.eval_every=3",
+       "models=bilinear+lowrank,ict_rows=", "--config.train.ict.dev_docs=4",
+       "--config.train.steps=6", "--config.train.eval_every=3",
        "--config.train.batch_size=8", "--config.encoder.max_length=32",
        f"--config.encoder.cache_dir={tmp_path / 'cache'}", "--config.stats.resamples=200",
        f"--workdir={w}"], cwd=REPO, capture_output=True, text=True, timeout=600)

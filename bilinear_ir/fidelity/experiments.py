@@ -17,8 +17,9 @@ epsilon = 0.25), projected by Rademacher (or Gaussian) matrices A [k, V] from
     are left out, as in the paper); `fig2.triples_per_bin` are sampled per bin and projected
     in `trials` trials. Per bin: the smallest k of `k_grid` whose pairwise accuracy over
     triples x trials (error: <Aq, Ad2> >= <Aq, Ad1>) reaches 1 - beta, next to eq. (2)'s
-    sufficient k = 2 ln(4/beta) x (8.76 x at beta = .05) at the bin's mean x. slope: least-squares slope through the origin of min k vs
-    mean x; tightness = 2 ln(4/beta) / slope (how many times eq. (2) over-asks).
+    sufficient k = 2 ln(4/beta) x (8.76 x at beta = .05) at the bin's mean x. slope:
+    least-squares slope through the origin of min k vs mean x; tightness = 2 ln(4/beta) / slope
+    (how many times eq. (2) over-asks).
   - lemma1_check: over the Fig. 2 triples whose eq. (2) k fits in the grid, the error rate at the
     largest grid k, and at each triple's own eq. (2) k (rounded up to the grid), with a
     Clopper-Pearson 95% upper bound.

@@ -8,9 +8,9 @@ only the scorers' own parameters are trained.
 Protocol (re-ranking, as the LITE paper's MS MARCO / NQ evaluation): each dev and test query gets
 `rerank.bm25_depth` BM25 candidates plus `rerank.random_docs` docs drawn uniformly (from the
 config seed) among the rest of the corpus. Unlike the paper, judged positives are NOT added: a
-positive is a candidate only if BM25 or the random draw put it there, so the candidate set does not
-depend on the judgements (`retrieval.candidates.rerank_candidates` never sees them) and the metrics are those of a real
-two-stage system.
+positive is a candidate only if BM25 or the random draw put it there, so the candidate set does
+not depend on the judgements (`retrieval.candidates.rerank_candidates` never sees them) and the
+metrics are those of a real two-stage system.
 
 Rows (`config.rows`, each a name of `config.models` or "dot" / "hybrid"):
   dot        DE: dot product of the pooled mean embeddings (untrained).

@@ -8,7 +8,8 @@ For each frozen embedding of the bilinear table (`defaults.EMBEDDINGS`: "mean" n
   * MoL (`scorers.mol`, "vector" inputs: a two-layer MLP per side makes the P_q / P_x components)
     for every P_q = P_x in `config.components` and every L_MI weight alpha in `config.mi_weights`
     (paper: 0.001; 0 = no load balancing), trained with the same trainer, plus the MoL changes of
-    `config.mol_train`. L_MI enters the loss through the trainer's `aux_loss` hook (`train.losses.MiLoss`).
+    `config.mol_train`. L_MI enters the loss through the trainer's `aux_loss` hook
+    (`train.losses.MiLoss`).
 
 Every learned row runs every seed of `config.seeds` and is reported as mean +- std over seeds;
 every model is selected on the dev split carved out of train, test is only evaluated.

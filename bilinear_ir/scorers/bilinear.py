@@ -74,8 +74,8 @@ class LowRank(TableScorer):
     require(self.rank >= 1, f"must be >= 1, got {self.rank}", field="model.rank")
     require(self.residual in RESIDUALS, f"must be one of {RESIDUALS}, got {self.residual!r}",
             field="model.residual")
-    require(self.factor_init in LOWRANK_INITS, f"must be one of {LOWRANK_INITS}, got {self.factor_init!r}",
-            field="model.factor_init")
+    require(self.factor_init in LOWRANK_INITS,
+            f"must be one of {LOWRANK_INITS}, got {self.factor_init!r}", field="model.factor_init")
     n, r = self.dim, self.rank
     normal = nn.initializers.normal(stddev=n ** -0.5)
     if self.residual != "none":

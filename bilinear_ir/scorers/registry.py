@@ -1,8 +1,9 @@
 """Scorer registry: pick a similarity by name (as scenic's `model_lib` does).
 
 `build(name, dim=n, **kwargs)` returns an (unbound) Flax module, `from_config(config.model, n)`
-the one a `model` config block names; `init_params(module, key)` returns its initial parameters. Unknown names and unknown keyword arguments are `InputError`s, so a
-misspelt config value exits with code 2.
+the one a `model` config block names; `init_params(module, key)` returns its initial parameters.
+Unknown names and unknown keyword arguments are `InputError`s, so a misspelt config value exits
+with code 2.
 """
 from __future__ import annotations
 

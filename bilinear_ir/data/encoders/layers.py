@@ -103,8 +103,9 @@ def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, bias: jnp.ndarray,
 
   The scores of the whole batch, [B, h, L, L], would be written to and read back from memory
   four times (dot, max, exp-sum, normalise); done `chunk` examples at a time (`lax.map`) they
-  stay in the CPU caches, several times faster on a 2-core CPU at B 32, h 12, L 256. Step j takes the examples j, j + B/chunk, j + 2B/chunk, ..., so on a batch sharded
-  over devices every chunk spans all shards. The result equals one batched computation.
+  stay in the CPU caches, several times faster on a 2-core CPU at B 32, h 12, L 256. Step j
+  takes the examples j, j + B/chunk, j + 2B/chunk, ..., so on a batch sharded over devices
+  every chunk spans all shards. The result equals one batched computation.
 
   Args:
     q, k, v: [B, h, L, d] queries (already scaled by 1/sqrt(d)), keys and values.
