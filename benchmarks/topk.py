@@ -117,6 +117,22 @@ def certificate(rescored, num_docs: int) -> dict:
           "mean_rescored_others": round(float(rest.mean()), 2) if rest.size else None}
 
 
+def id_agreement(queries, docs, ids, truth_ids) -> dict:
+  """Where two exact top-k lists differ (ids [B, k] each, e.g. bf16_topk vs the float32 scan):
+  the number of queries whose lists differ (order included) and the largest difference between
+  the two lists' float64 scores, sorted (queries [B, w], docs [N, w]). A gap at the float32
+  rounding of a w-term dot product means the lists differ only by near-ties."""
+  ids, truth_ids = np.asarray(ids), np.asarray(truth_ids)
+  rows = np.flatnonzero((ids != truth_ids).any(axis=1))
+  if not rows.size:
+    return {"queries_with_other_ids": 0, "max_float64_gap_of_other_ids": None}
+  q = np.asarray(queries, np.float64)[rows]
+  score = lambda i: -np.sort(-np.einsum("bw,bkw->bk", q, np.asarray(docs)[i].astype(np.float64)),
+                             axis=1)
+  gap = float(np.max(np.abs(score(ids[rows]) - score(truth_ids[rows]))))
+  return {"queries_with_other_ids": int(rows.size), "max_float64_gap_of_other_ids": gap}
+
+
 def recall(found, truth) -> float:
   """Mean |found_i & truth_i| / k over queries: ids [B, k] each."""
   found, truth = np.asarray(found), np.asarray(truth)
@@ -237,7 +253,8 @@ class Runner:
     same = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
     self.record("bf16cand_" + tag, b, n, w, k, "float32", ms["bf16cand"], ms["faiss"],
                 ms["matmul"], "certified.bf16_topk (bf16 scan + fp32 rescore, exact)",
-                scan_dtype="bfloat16", same_ids_as_fp32=same, **certificate(res.rescored, n))
+                scan_dtype="bfloat16", same_ids_as_fp32=same, **certificate(res.rescored, n),
+                **id_agreement(qj, dj, res.ids, truth.ids))
     rec = recall(exact.topk(ql, low, k).ids, truth.ids)
     self.record("bf16_" + tag, b, n, w, k, "bfloat16", ms["bf16"], ms["faiss"], ms["matmul"],
                 "exact.topk on a bf16 table (approximate)", recall_vs_fp32=round(rec, 4))

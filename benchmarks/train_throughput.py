@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
   print(hw)
   print(f"corpus: {args.docs} docs, {args.queries} queries/pairs; batch {args.batch} queries x "
         f"{2 * args.batch} candidates; {args.warmup} warm-up + {args.steps} timed steps")
-  fmt = lambda v, spec: format(v, spec) if v is not None else format("-", spec[:-2] + "s")
+  fmt = lambda v, spec: format(v, spec) if v is not None else format("-", spec.split(".")[0] + "s")
   header = (f"{'case':<24}{'ours ex/s':>11}{'torch ex/s':>12}{'ratio':>7}{'compiled ex/s':>15}"
             f"{'ratio':>7}{'ours ms':>9}{'sample ms':>11}{'first s':>9}")
   print(header)
