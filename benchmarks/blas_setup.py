@@ -34,17 +34,27 @@ print(json.dumps({"gflops": 2 * 1024 * 384 * 16384 / min(times) / 1e9}))
 """
 
 
-def _probe(coretype: str) -> float | None:
+def run_probe(script: str, coretype: str, args=(), timeout: float = 120.0) -> dict | None:
+  """Runs the Python `script` (with `args`) in a subprocess whose OPENBLAS_CORETYPE is `coretype`
+  ("" = unset: OpenBLAS's detection) and returns the JSON object its last output line prints,
+  or None when it failed, timed out or printed no JSON (an old OpenBLAS can crash on a core
+  type it does not know)."""
   env = dict(os.environ)
   env.pop("OPENBLAS_CORETYPE", None)
   if coretype:
     env["OPENBLAS_CORETYPE"] = coretype
   try:
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                         text=True, timeout=120, check=True)
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["gflops"])
-  except (subprocess.SubprocessError, ValueError, IndexError, KeyError):
+    out = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env,
+                         capture_output=True, text=True, timeout=timeout, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+  except (subprocess.SubprocessError, ValueError, IndexError):
     return None
+
+
+def _probe(coretype: str) -> float | None:
+  """numpy's float32 GEMM GFLOP/s with OPENBLAS_CORETYPE=coretype, or None."""
+  result = run_probe(_PROBE, coretype)
+  return float(result["gflops"]) if result and "gflops" in result else None
 
 
 def choose_numpy_coretype() -> dict:

@@ -40,14 +40,14 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib.util
-import json
 import os
-import subprocess
 import sys
 import time
 
 import jax
 import numpy as np
+
+import blas_setup  # benchmarks/blas_setup.py: the core-type probe subprocess
 
 CORETYPES = ("", "SkylakeX", "Cooperlake", "Haswell", "Zen")
 PROBE_SHAPE = (1024, 65536, 384)  # queries, docs, width of the pure-GEMM probe
@@ -120,18 +120,11 @@ class FaissSetup:
 
 def _probe(coretype: str, shape=PROBE_SHAPE, timeout: float = 300.0) -> float | None:
   """GFLOP/s of FAISS's pure-GEMM search in a subprocess with OPENBLAS_CORETYPE=coretype."""
-  env = dict(os.environ)
-  env.pop("OPENBLAS_CORETYPE", None)
-  if coretype:
-    env["OPENBLAS_CORETYPE"] = coretype
-  try:
-    out = subprocess.run([sys.executable, "-c", _PROBE, *map(str, shape)], env=env,
-                         capture_output=True, text=True, timeout=timeout, check=True)
-    seconds = json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
-  except (subprocess.SubprocessError, ValueError, IndexError, KeyError):
+  result = blas_setup.run_probe(_PROBE, coretype, shape, timeout)
+  if not result or "seconds" not in result:
     return None
   b, n, w = shape
-  return 2.0 * b * n * w / seconds / 1e9
+  return 2.0 * b * n * w / result["seconds"] / 1e9
 
 
 def _gemm_rates(shape=PROBE_SHAPE) -> tuple[float, float]:

@@ -126,9 +126,8 @@ def id_agreement(queries, docs, ids, truth_ids) -> dict:
   rows = np.flatnonzero((ids != truth_ids).any(axis=1))
   if not rows.size:
     return {"queries_with_other_ids": 0, "max_float64_gap_of_other_ids": None}
-  q = np.asarray(queries, np.float64)[rows]
-  score = lambda i: -np.sort(-np.einsum("bw,bkw->bk", q, np.asarray(docs)[i].astype(np.float64)),
-                             axis=1)
+  q, d = np.asarray(queries, np.float64)[rows], np.asarray(docs)  # d: one copy to the host
+  score = lambda i: -np.sort(-np.einsum("bw,bkw->bk", q, d[i].astype(np.float64)), axis=1)
   gap = float(np.max(np.abs(score(ids[rows]) - score(truth_ids[rows]))))
   return {"queries_with_other_ids": int(rows.size), "max_float64_gap_of_other_ids": gap}
 

@@ -103,8 +103,8 @@ def usable_positions(module: BertEncoder) -> int:
 
 def recipes(module: BertEncoder) -> dict[tuple[str, ...], layers.Recipe]:
   """{param path: recipe} from HuggingFace `BertModel` weight names (no `bert.` prefix)."""
-  n, h, f = module.hidden_size, module.num_heads, module.intermediate_size
-  out = {
+  n = module.hidden_size
+  tables = {
       ("word_embeddings", "embedding"): layers.copy_recipe(
           "embeddings.word_embeddings.weight", (module.vocab_size, n)),
       ("position_embeddings", "embedding"): layers.copy_recipe(
@@ -112,14 +112,13 @@ def recipes(module: BertEncoder) -> dict[tuple[str, ...], layers.Recipe]:
       ("token_type_embeddings", "embedding"): layers.copy_recipe(
           "embeddings.token_type_embeddings.weight", (module.type_vocab_size, n)),
   }
-  out.update({("embeddings_norm", *p): r
-              for p, r in layers.norm_recipes("embeddings.LayerNorm", n).items()})
-  for i in range(module.num_layers):
+
+  def names(i: int) -> dict[str, str]:
     pre = f"encoder.layer.{i}"
-    names = {"q": f"{pre}.attention.self.query", "k": f"{pre}.attention.self.key",
-             "v": f"{pre}.attention.self.value", "o": f"{pre}.attention.output.dense",
-             "attention_norm": f"{pre}.attention.output.LayerNorm",
-             "intermediate": f"{pre}.intermediate.dense", "output": f"{pre}.output.dense",
-             "output_norm": f"{pre}.output.LayerNorm"}
-    out.update({(f"layer_{i}", *p): r for p, r in layers.layer_recipes(names, n, h, f).items()})
-  return out
+    return {"q": f"{pre}.attention.self.query", "k": f"{pre}.attention.self.key",
+            "v": f"{pre}.attention.self.value", "o": f"{pre}.attention.output.dense",
+            "attention_norm": f"{pre}.attention.output.LayerNorm",
+            "intermediate": f"{pre}.intermediate.dense", "output": f"{pre}.output.dense",
+            "output_norm": f"{pre}.output.LayerNorm"}
+
+  return layers.encoder_recipes(module, tables, names)

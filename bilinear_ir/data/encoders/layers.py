@@ -262,3 +262,20 @@ def layer_recipes(names: dict[str, str], n: int, h: int, f: int
   for key in ("attention_norm", "output_norm"):
     out.update({(key, *p): r for p, r in norm_recipes(names[key], n).items()})
   return out
+
+
+def encoder_recipes(module, embeddings: dict[tuple[str, ...], Recipe],
+                    layer_names: Callable[[int], dict[str, str]]
+                    ) -> dict[tuple[str, ...], Recipe]:
+  """Recipes of a whole encoder: `embeddings` (the architecture's tables), the embeddings
+  LayerNorm (`embeddings.LayerNorm`) and every `TransformerLayer` `layer_{i}`, whose HuggingFace
+  names `layer_names(i)` gives (the keys of `layer_recipes`). `module` has hidden_size,
+  num_heads, intermediate_size and num_layers."""
+  n, h, f = module.hidden_size, module.num_heads, module.intermediate_size
+  out = dict(embeddings)
+  out.update({("embeddings_norm", *p): r
+              for p, r in norm_recipes("embeddings.LayerNorm", n).items()})
+  for i in range(module.num_layers):
+    out.update({(f"layer_{i}", *p): r
+                for p, r in layer_recipes(layer_names(i), n, h, f).items()})
+  return out

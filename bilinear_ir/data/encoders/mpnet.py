@@ -150,23 +150,22 @@ def usable_positions(module: MPNetEncoder) -> int:
 
 def recipes(module: MPNetEncoder) -> dict[tuple[str, ...], layers.Recipe]:
   """{param path: recipe} from HuggingFace `MPNetModel` weight names (no `mpnet.` prefix)."""
-  n, h, f = module.hidden_size, module.num_heads, module.intermediate_size
-  out = {
+  n = module.hidden_size
+  tables = {
       ("word_embeddings", "embedding"): layers.copy_recipe(
           "embeddings.word_embeddings.weight", (module.vocab_size, n)),
       ("position_embeddings", "embedding"): layers.copy_recipe(
           "embeddings.position_embeddings.weight", (module.max_positions, n)),
       ("relative_attention_bias", "embedding"): layers.copy_recipe(
-          "encoder.relative_attention_bias.weight", (module.num_buckets, h)),
+          "encoder.relative_attention_bias.weight", (module.num_buckets, module.num_heads)),
   }
-  out.update({("embeddings_norm", *p): r
-              for p, r in layers.norm_recipes("embeddings.LayerNorm", n).items()})
-  for i in range(module.num_layers):
+
+  def names(i: int) -> dict[str, str]:
     pre = f"encoder.layer.{i}"
-    names = {"q": f"{pre}.attention.attn.q", "k": f"{pre}.attention.attn.k",
-             "v": f"{pre}.attention.attn.v", "o": f"{pre}.attention.attn.o",
-             "attention_norm": f"{pre}.attention.LayerNorm",
-             "intermediate": f"{pre}.intermediate.dense", "output": f"{pre}.output.dense",
-             "output_norm": f"{pre}.output.LayerNorm"}
-    out.update({(f"layer_{i}", *p): r for p, r in layers.layer_recipes(names, n, h, f).items()})
-  return out
+    return {"q": f"{pre}.attention.attn.q", "k": f"{pre}.attention.attn.k",
+            "v": f"{pre}.attention.attn.v", "o": f"{pre}.attention.attn.o",
+            "attention_norm": f"{pre}.attention.LayerNorm",
+            "intermediate": f"{pre}.intermediate.dense", "output": f"{pre}.output.dense",
+            "output_norm": f"{pre}.output.LayerNorm"}
+
+  return layers.encoder_recipes(module, tables, names)
