@@ -186,7 +186,9 @@ class IctSet:
   bm25_idx: np.ndarray
 
 
-_ICT_CACHE: dict[tuple, IctSet] = {}
+# (collection id, configs) -> (the collection, its pairs): holding the collection keeps its id
+# from being reused by another collection while the entry lives.
+_ICT_CACHE: dict[tuple, tuple[collection_lib.Collection, IctSet]] = {}
 
 
 def ict_set(prepared: Prepared, encoder_cfg: ml_collections.ConfigDict,
@@ -210,9 +212,10 @@ def ict_set(prepared: Prepared, encoder_cfg: ml_collections.ConfigDict,
     idx, _ = prepared.bm25.topk(pairs.queries, min(int(depth), prepared.collection.num_docs))
     if len(_ICT_CACHE) >= 4:
       _ICT_CACHE.pop(next(iter(_ICT_CACHE)))
-    _ICT_CACHE[key] = IctSet(pairs, queries, extra.reshape(-1, queries.shape[1]), rows,
-                             np.asarray(idx))
-  return _ICT_CACHE[key]
+    _ICT_CACHE[key] = (prepared.collection,
+                       IctSet(pairs, queries, extra.reshape(-1, queries.shape[1]), rows,
+                              np.asarray(idx)))
+  return _ICT_CACHE[key][1]
 
 
 def ict_trainset(data: IctSet, keep: np.ndarray, num_docs: int, hard_depth: int,
