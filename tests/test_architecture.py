@@ -1,13 +1,15 @@
-"""The import rule of DESIGN.md, read from the source with `ast` (function-local imports too).
+"""The project's import rule, read from the source with `ast` (function-local imports too).
 
-A part of `bilinear_ir` imports only parts below it:
+The parts of `bilinear_ir` form layers, and a part imports only parts in layers below its own:
 
-  main -> jobs -> synthetic -> {train, retrieval, fidelity} -> data -> {scorers, eval, lowrank}
-  -> {errors, files, allocator, defaults, progress}
+  main -> jobs -> experiment -> synthetic -> {train, retrieval, fidelity} -> data
+  -> {scorers, eval, lowrank} -> {errors, files, allocator, defaults, progress}
 
-A job never imports another job, function-local imports are only of optional third-party
-packages, and a config file imports only `ml_collections` and `bilinear_ir.defaults` (so loading
-one imports neither jax nor flax: checked in a fresh process).
+So the jobs say what runs and the experiment protocol (`experiment/`: training with dev
+selection, rows, comparisons, evaluation, the re-ranking setting) sits between them and the
+libraries, none of which may import it. A job never imports another job, function-local imports
+are only of optional third-party packages, and a config file imports only `ml_collections` and
+`bilinear_ir.defaults` (so loading one imports neither jax nor flax: checked in a fresh process).
 """
 import ast
 import glob
@@ -28,6 +30,7 @@ LAYERS = (
     ("data",),
     ("train", "retrieval", "fidelity"),
     ("synthetic",),
+    ("experiment",),
     ("jobs",),
     ("main",),
 )
@@ -147,7 +150,21 @@ def test_every_job_module_exists_with_validate_and_run():
     assert callable(module.validate) and callable(module.run), name
   assert sorted(jobs.NAMES) == sorted(
       os.path.basename(p)[:-3] for p in glob.glob(os.path.join(PACKAGE, "jobs", "*.py"))
-      if os.path.basename(p)[:-3] not in ("__init__", "common", "report", "validation"))
+      if os.path.basename(p)[:-3] not in ("__init__", "report"))
+
+
+def test_no_library_imports_the_experiment_protocol():
+  """Only the jobs (and main above them) may import `experiment`; the test above checks the
+  layers, this one names the rule: no library below reaches up into the protocol."""
+  bad = []
+  for module, path in MODULES.items():
+    if _part(module) in ("experiment", "jobs", "main", None):
+      continue
+    for name, _, line in _imports(path, module):
+      if _part(name) == "experiment":
+        bad.append(f"{os.path.relpath(path, REPO)}:{line}: {name}")
+  assert not bad, "libraries importing experiment/:\n" + "\n".join(bad)
+  assert LAYER["experiment"] == LAYER["jobs"] - 1 == LAYER["synthetic"] + 1
 
 
 def test_function_local_imports_are_optional_third_party_only():

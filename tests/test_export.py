@@ -10,7 +10,8 @@ import pytest
 from bilinear_ir import defaults
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
-from bilinear_ir.jobs import common
+from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import training
 from bilinear_ir.jobs import export as export_job
 from bilinear_ir.train import saved_model
 from conftest import write_beir
@@ -39,8 +40,8 @@ def ml_config(beir, model, cache):
 
 def _train(setup, spec):
   root, config, prepared, split = setup
-  c = common.row_config(config, {"rank": None, "residual": None, **spec}, 0)
-  out = common.train_and_evaluate(c, prepared, split, progress=False)
+  c = spec_lib.Recipe.of(config, "").row(spec, 0)
+  out = training.train_and_evaluate(c, prepared, split, progress=False)
   module = scorers.from_config(c.model, prepared.dim)
   path = str(root / f"model_{spec['scorer']}")
   saved_model.save_model(path, module, out["params"], prepared.embeddings.manifest["settings"])

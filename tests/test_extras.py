@@ -12,7 +12,7 @@ from bilinear_ir import defaults
 from bilinear_ir import scorers
 from bilinear_ir.data import sparse
 from bilinear_ir.errors import InputError
-from bilinear_ir.jobs import validation
+from bilinear_ir.experiment import validation
 from bilinear_ir.retrieval import faiss_export
 from bilinear_ir.train import export
 from bilinear_ir.train import saved_model

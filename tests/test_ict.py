@@ -11,7 +11,8 @@ import pytest
 from bilinear_ir import defaults
 from bilinear_ir.data import ict
 from bilinear_ir.data import pipeline
-from bilinear_ir.jobs import common
+from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import training
 from conftest import write_beir
 from conftest import write_model
 
@@ -100,7 +101,7 @@ def test_ict_training_never_reads_qrels_and_selects_on_ict_pairs(test_only):
   real = prepared.collection.qrels
   prepared.collection.qrels = _NoQrels()
   try:
-    data = common.training_data(c, prepared, splitset)
+    data = training.training_data(spec_lib.Row.of(c), prepared, splitset)
   finally:
     prepared.collection.qrels = real
   assert data.source == "ict" and data.ict_pairs == len(data.trainset.pairs) == 40 - 8
@@ -117,7 +118,7 @@ def test_ict_training_never_reads_qrels_and_selects_on_ict_pairs(test_only):
   excluded = {(int(q), int(d)) for q, d in data.trainset.excluded}
   pool = data.trainset.hard_negatives
   assert all(d not in pool[q] for q, d in excluded)
-  out = common.train_and_evaluate(c, prepared, splitset, progress=False)
+  out = training.train_and_evaluate(spec_lib.Row.of(c), prepared, splitset, progress=False)
   assert out["train_source"] == "ict" and out["ict_pairs"] == 32
   assert [h["step"] for h in out["history"]] == [0, 4, 8, 12]
   assert set(out["dev"]) >= {"ndcg@10", "mrr@10"}  # selected on the ICT dev pairs

@@ -14,7 +14,7 @@ from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.jobs import lowrank_analysis
-from bilinear_ir.retrieval import ranking
+from bilinear_ir.experiment import evaluate
 from conftest import REPO, random_prepared, write_beir
 
 DIM = 12
@@ -145,7 +145,7 @@ def test_analyze_matches_dense_truncation_and_counts_checks(small):
     assert out["by_rank"][r]["pointwise"]["checks"] == n_test * 10
     for name, split in (("dev", splitset.dev), ("test", splitset.test)):
       rows = prepared.query_row_index(split.query_ids)
-      want, _ = ranking.evaluate_scorer(
+      want, _ = evaluate.evaluate_scorer(
           module, {"W": jnp.asarray(_truncated64(W, r), jnp.float32)}, emb.queries[rows],
           emb.docs, split.query_ids, emb.doc_ids, split.qrels, depth=cfg.eval.depth,
           measures=measures)

@@ -1,5 +1,6 @@
 """The Mixture-of-Logits job: L_MI really in the loss, no needless recompiles, memory-sized
 top-k blocks, and the job end to end through main."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,12 +13,14 @@ import pytest
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.data.batches import BatchSampler
+from bilinear_ir.experiment import approximate
+from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import training
 from bilinear_ir.jobs import mol as mol_table
 from bilinear_ir.retrieval import ranking
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 from bilinear_ir.train import losses
 from bilinear_ir.train import trainer
-from bilinear_ir.jobs import common
 from conftest import REPO, random_prepared, write_beir
 
 DIM = 16
@@ -37,15 +40,15 @@ def _config(beir: str, alpha: float, steps: int = 30):
     c.train.hard_negatives, c.train.hard_depth = 1, 10
     c.mol_train.lr = 0.03  # L_MI starts at a stationary point (near-uniform gates): move fast
     c.eval.depth = 20
-  spec = {"scorer": "mol", "p_q": 2, "p_x": 2, "d_p": 8, "mi_weight": alpha}
-  return mol_table._row_config(c, spec, seed=0)  # pylint: disable=protected-access
+  row = {"scorer": "mol", "p_q": 2, "p_x": 2, "d_p": 8, "mi_weight": alpha}
+  return c, spec_lib.Recipe.of(c, "").row(row, 0, c.mol_train)
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
   """A small BEIR collection with random 16-d embeddings (no encoder) and its BM25 ranking."""
   beir = write_beir(str(tmp_path_factory.mktemp("beir")), num_docs=50, num_queries=40)
-  cfg = _config(beir, 0.0)
+  cfg, _ = _config(beir, 0.0)
   return beir, random_prepared(cfg.data, cfg.bm25, DIM)
 
 
@@ -56,13 +59,14 @@ def _entropy(x):
 def test_train_and_evaluate_loss_is_ce_plus_alpha_l_mi(prepared):
   beir, prep = prepared
   alpha = 5.0
-  cfg = _config(beir, alpha)
-  splitset = pipeline.splits(prep.collection, cfg.data, cfg.seed)[0]
+  c, cfg = _config(beir, alpha)
+  splitset = pipeline.splits(prep.collection, c.data, cfg.seed)[0]
   module = scorers.from_config(cfg.model, DIM)
   compiled = trainer.train_steps._cache_size()  # pylint: disable=protected-access
-  with_mi = common.train_and_evaluate(cfg, prep, splitset, progress=False,
-                                       aux_loss=losses.mi_loss(module))
-  without = common.train_and_evaluate(cfg, prep, splitset, progress=False, aux_loss=None)
+  with_mi = training.train_and_evaluate(cfg, prep, splitset, progress=False,
+                                        aux_loss=losses.mi_loss(module))
+  without = training.train_and_evaluate(cfg, prep, splitset, progress=False,
+                                        aux_loss=None)
   # One compiled step per run (the initial state is placed like the step's outputs).
   assert trainer.train_steps._cache_size() == compiled + 2  # pylint: disable=protected-access
   # Without a dev split, history[0] is step 1: its loss is step 0's, on the initial params and
@@ -103,10 +107,9 @@ def test_train_and_evaluate_loss_is_ce_plus_alpha_l_mi(prepared):
   # A second seed of the same MoL reuses the compiled step and the compiled scoring block.
   # pylint: disable=protected-access
   steps, blocks = trainer.train_steps._cache_size(), ranking._score_block._cache_size()
-  with cfg.unlocked():
-    cfg.seed = 1
-  common.train_and_evaluate(cfg, prep, splitset, progress=False,
-                             aux_loss=losses.mi_loss(scorers.from_config(cfg.model, DIM)))
+  cfg = dataclasses.replace(cfg, seed=1)
+  training.train_and_evaluate(cfg, prep, splitset, progress=False,
+                              aux_loss=losses.mi_loss(scorers.from_config(cfg.model, DIM)))
   assert trainer.train_steps._cache_size() == steps
   assert ranking._score_block._cache_size() == blocks
 
@@ -187,7 +190,7 @@ def test_mol_job_end_to_end(tmp_path, tiny_bert_dir):
   assert with_mi["l_mi"] < without["l_mi"]
   assert -np.log(4) - 1e-6 <= with_mi["l_mi"] <= np.log(4) + 1e-6
   ret = {r["algorithm"]: r for r in res["retrieval"]}
-  assert set(ret) == set(mol_table.ALGORITHMS)
+  assert set(ret) == set(approximate.ALGORITHMS)
   assert ret["brute_force"]["hit_rate"] == 1.0
   assert ret["exact_two_pass"]["hit_rate"] == 1.0  # exact, whether or not it fell back
   assert ret["topk_avg"]["rescored"] == 20 and ret["topk_per_embedding"]["rescored"] == 4 * 5

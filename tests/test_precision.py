@@ -21,7 +21,7 @@ import pytest
 
 from bilinear_ir import defaults, lowrank, scorers
 from bilinear_ir.errors import InputError
-from bilinear_ir.jobs import validation
+from bilinear_ir.experiment import validation
 from bilinear_ir.retrieval import certified, exact, mol_topk, sharded
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 from bilinear_ir.train import trainer

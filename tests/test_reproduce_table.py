@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bilinear_ir.eval import stats
-from bilinear_ir.jobs import common
+from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.jobs import reproduce_table
 from bilinear_ir.train import saved_model
 from conftest import write_beir
@@ -65,11 +65,11 @@ def test_findings_name_the_learned_row_best_on_dev(table):
 
 
 def test_aggregate_uses_the_sample_std():
-  mean, std = common.aggregate([{"m": 0.5}, {"m": 0.7}, {"m": 0.9}], ["m"])
+  mean, std = rows_lib.aggregate([{"m": 0.5}, {"m": 0.7}, {"m": 0.9}], ["m"])
   assert mean["m"] == pytest.approx(0.7)
   assert std["m"] == pytest.approx(0.2)  # sqrt(((-.2)^2 + 0 + .2^2) / 2); ddof = 0 gives 0.163
-  assert common.aggregate([{"m": 0.5}], ["m"])[1]["m"] == 0.0
-  assert np.isclose(common.seed_mean([{"a": {"m": 1.0}}, {"a": {"m": 2.0}}], "m")["a"], 1.5)
+  assert rows_lib.aggregate([{"m": 0.5}], ["m"])[1]["m"] == 0.0
+  assert np.isclose(rows_lib.seed_mean([{"a": {"m": 1.0}}, {"a": {"m": 2.0}}], "m")["a"], 1.5)
 
 
 def test_every_trained_model_is_saved_and_reloads(table, tmp_path):

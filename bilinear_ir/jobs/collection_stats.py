@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from bilinear_ir.data import loaders
 from bilinear_ir.jobs import report
-from bilinear_ir.jobs import validation
+from bilinear_ir.experiment import validation
 
 
 def validate(config) -> None:

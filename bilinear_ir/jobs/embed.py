@@ -18,7 +18,7 @@ from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.data import precomputed
 from bilinear_ir.jobs import report
-from bilinear_ir.jobs import validation
+from bilinear_ir.experiment import validation
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

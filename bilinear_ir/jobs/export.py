@@ -28,7 +28,7 @@ from bilinear_ir.data import pipeline
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import require
 from bilinear_ir.jobs import report
-from bilinear_ir.jobs import validation
+from bilinear_ir.experiment import validation
 from bilinear_ir.retrieval import faiss_export
 from bilinear_ir.scorers.base import TableScorer
 from bilinear_ir.scorers.base import table_matrices

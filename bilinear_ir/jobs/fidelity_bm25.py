@@ -18,7 +18,7 @@ from bilinear_ir.errors import require
 from bilinear_ir.fidelity import experiments
 from bilinear_ir.fidelity import projections
 from bilinear_ir.jobs import report
-from bilinear_ir.jobs import validation
+from bilinear_ir.experiment import validation
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

@@ -33,7 +33,6 @@ late_interaction_latency.py), measured in the same run.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -44,107 +43,23 @@ import numpy as np
 
 from bilinear_ir import progress
 from bilinear_ir import scorers
-from bilinear_ir.data import embeddings as embeddings_lib
-from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
-from bilinear_ir.jobs import common
+from bilinear_ir.experiment import rerank
+from bilinear_ir.experiment import rows as rows_lib
+from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import training
+from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
-from bilinear_ir.jobs import validation
 from bilinear_ir.retrieval import candidates as candidates_lib
-from bilinear_ir.retrieval import hybrid
 from bilinear_ir.retrieval import latency
 from bilinear_ir.retrieval import ranking
 from bilinear_ir.scorers import multivector
-from bilinear_ir.scorers import token_interaction
 from bilinear_ir.train import teachers as teacher_lib
 from bilinear_ir.train import trainer
 
 TOKEN_SCORERS = ("colbert", "mebert", "lite", "lite_flat", "knrm")
 TEACHERS = ("bm25", "bilinear", "best")
-SPLITS = ("dev", "test")
 PAPER_A4 = {"colbert": 0.112, "lite": 0.188}  # frozen encoders, MS MARCO dev MRR@10
-
-
-@dataclasses.dataclass
-class Setting:
-  """What every row of the table is evaluated on.
-
-  Attributes:
-    prepared: collection, pooled embeddings, BM25 rankings and model.
-    splitset: train / dev / test.
-    tokens: token-level embeddings (queries [Q, Tq, n], docs [N, Td, n], float16 + masks).
-    rows: {"dev", "test"} -> [Q_s] query rows (of `prepared.embeddings.query_ids`).
-    cands: {"dev", "test"} -> [Q_s, K] candidates (`candidates.rerank_candidates`).
-    bm25: {"dev", "test"} -> [Q_s, K] exact BM25 scores of the candidates.
-    measures: reported measures.
-  """
-  prepared: pipeline.Prepared
-  splitset: pipeline.SplitSet
-  tokens: embeddings_lib.TokenEmbeddings
-  rows: dict[str, np.ndarray]
-  cands: dict[str, np.ndarray]
-  bm25: dict[str, np.ndarray]
-  measures: tuple[str, ...]
-
-  def split(self, name: str) -> pipeline.Split:
-    return getattr(self.splitset, name)
-
-  def token_queries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """([Q, Tq, n], [Q, Tq]) query tokens of query rows."""
-    return self.tokens.queries[rows], self.tokens.query_mask[rows]
-
-  @property
-  def token_docs(self) -> tuple[np.ndarray, np.ndarray]:
-    """([N, Td, n], [N, Td]) doc tokens."""
-    return self.tokens.docs, self.tokens.doc_mask
-
-  def evaluate(self, split: str, idx: np.ndarray, scores: np.ndarray,
-               measures: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """Metrics {"mean", "per_query"} of a sorted run [Q_s, K] of `split`."""
-    s = self.split(split)
-    return ranking.evaluate_run(s.query_ids, self.prepared.collection.doc_ids, idx, scores,
-                                s.qrels, measures or self.measures)[0]
-
-
-def build_setting(config: ml_collections.ConfigDict) -> Setting:
-  """Loads the collection, pooled + token embeddings, BM25, splits and candidates."""
-  prepared = pipeline.prepare(config)
-  splitset = pipeline.splits(prepared.collection, config.data, config.seed)[0]
-  enc = config.encoder
-  tokens = embeddings_lib.embed_collection_tokens(
-      prepared.collection, enc, query_max_length=int(enc.query_max_length),
-      doc_max_length=int(enc.doc_max_length) or None)
-  assert tokens.query_ids == prepared.embeddings.query_ids
-  rows, cands, bm25 = {}, {}, {}
-  for name in SPLITS:
-    r = prepared.query_row_index(getattr(splitset, name).query_ids)
-    c = candidates_lib.rerank_candidates(prepared.bm25_idx, r, prepared.collection.num_docs,
-                          config.rerank.bm25_depth, config.rerank.random_docs, config.seed)
-    safe = np.where(c < 0, 0, c)
-    b = prepared.bm25_pair_scores(np.repeat(r, c.shape[1]), safe.reshape(-1)).reshape(c.shape)
-    rows[name], cands[name], bm25[name] = r, c, np.where(c < 0, 0.0, b)
-  return Setting(prepared, splitset, tokens, rows, cands, bm25, tuple(config.eval.measures))
-
-
-# ----------------------------------------------------------------------------------------------
-# Rows.
-
-
-@dataclasses.dataclass
-class Scored:
-  """A dense system's re-ranking of the dev and test candidates.
-
-  Attributes:
-    run: {"dev", "test"} -> (idx [Q_s, K], scores [Q_s, K]) sorted.
-    dev: dev metrics; test: test metrics {"mean", "per_query"}.
-    latency_fn: the timed call of 1 query x `latency.docs` stored docs.
-    stored: (vectors, width) stored per doc.
-  """
-  run: dict[str, tuple[np.ndarray, np.ndarray]]
-  dev: dict[str, float]
-  test: dict[str, Any]
-  latency_fn: Callable[[], Any] | None = None
-  stored: tuple[int, int] | None = None
 
 
 def _model_kwargs(config, name: str) -> dict[str, Any]:
@@ -169,93 +84,6 @@ def build_row_model(config, name: str, dim: int):
   return scorers.build(scorer, dim=dim, **kw), scorer
 
 
-def _latency_inputs(setting: Setting, config) -> tuple:
-  """(q [1, Tq, n], qm [1, Tq], d [K, Td, n], dm [K, Td], doc rows [K]): the first test query and
-  its first `latency.docs` candidates (its BM25 top list)."""
-  r = setting.rows["test"][:1]
-  k = int(config.latency.docs)
-  docs = setting.cands["test"][0][:k]
-  docs = docs[docs >= 0]
-  q, qm = setting.token_queries(r)
-  d, dm = setting.token_docs
-  return (jnp.asarray(q), jnp.asarray(qm), jnp.asarray(d[docs]), jnp.asarray(dm[docs]), docs)
-
-
-def score_dense(setting: Setting, module, params, feats: Callable[[np.ndarray], Any],
-                d_feats: Any, latency_fn: Callable[[], Any] | None = None,
-                stored: tuple[int, int] | None = None) -> Scored:
-  """Re-ranks the dev and test candidates with (module, params) and evaluates them.
-
-  Args:
-    feats: query rows [Q] -> query features of `module`.
-    d_feats: doc features [N, ...].
-    latency_fn, stored: kept in the result (see `Scored`).
-  """
-  run, metrics = {}, {}
-  for split in SPLITS:
-    idx, scores = ranking.rerank(module, params, feats(setting.rows[split]), d_feats,
-                                 setting.cands[split])
-    run[split] = (idx, scores)
-    metrics[split] = setting.evaluate(split, idx, scores)
-  return Scored(run, metrics["dev"]["mean"], metrics["test"], latency_fn, stored)
-
-
-def eval_module(module, setting: Setting):
-  """The scorer for re-ranking: late-interaction scorers score all K candidates of a query in
-  one chunk (`doc_chunk = K`; [1, K, Tq, L2'] intermediates), training keeps the module's own."""
-  if isinstance(module, token_interaction.LateInteraction):
-    return module.clone(doc_chunk=int(setting.cands["test"].shape[1]))
-  return module
-
-
-def train_token_model(setting: Setting, module, params, tcfg, seed: int,
-                      teacher: np.ndarray | None = None) -> trainer.FitResult:
-  """Fits a token scorer on the train split, selecting on dev re-ranking.
-
-  Args:
-    teacher: [Q_all, N] teacher scores (rows of `prepared.embeddings.query_ids`) for the
-      distillation losses, else None.
-  """
-  prepared = setting.prepared
-  ts, train_rows = pipeline.trainset(prepared, setting.splitset.train,
-                                     tcfg.hard_depth if tcfg.hard_negatives else 0)
-  sel = tcfg.select_metric
-  dev_measures = tuple(sorted({sel, "ndcg@10", "mrr@10"}))
-
-  scorer = eval_module(module, setting)
-
-  def evaluate(p):
-    idx, scores = ranking.rerank(scorer, p, setting.token_queries(setting.rows["dev"]),
-                                 setting.token_docs, setting.cands["dev"])
-    return setting.evaluate("dev", idx, scores, dev_measures)["mean"]
-
-  evaluate_fn = evaluate if setting.split("dev").query_ids else None
-  return trainer.fit(module, params, setting.token_queries(train_rows), setting.token_docs, ts,
-                     tcfg, seed, evaluate=evaluate_fn, progress=False,
-                     teacher_scores=None if teacher is None else teacher[train_rows])
-
-
-def _token_row(setting: Setting, config, name: str, lat, dtype, tcfg=None,
-               teacher: np.ndarray | None = None) -> tuple[Scored, dict[str, Any]]:
-  """Builds, trains (if it has params) and evaluates row `name`; returns (Scored, info)."""
-  module, scorer = build_row_model(config, name, setting.tokens.docs.shape[-1])
-  params = jax.jit(lambda key: scorers.init_params(module, key))(jax.random.key(config.seed))
-  info = {"trained": bool(jax.tree.leaves(params)), "best_step": None, "history": []}
-  if info["trained"]:
-    tcfg = tcfg or row_train_config(config, name)
-    fit = train_token_model(setting, module, params, tcfg, config.seed, teacher)
-    params = fit.params
-    info.update(best_step=fit.best_step, history=fit.history, temperature=fit.temperature,
-                params=int(sum(np.size(x) for x in jax.tree.leaves(params))))
-  q, qm, d, dm, _ = lat
-  case = latency.mebert_case if scorer == "mebert" else latency.late_case
-  lat_module = module if scorer == "mebert" else module.clone(doc_chunk=int(d.shape[0]))
-  fn, n_vec, width = case(lat_module, params, q, qm, d, dm, dtype)
-  scored = score_dense(setting, eval_module(module, setting), params, setting.token_queries,
-                       setting.token_docs, fn, (n_vec, width))
-  return scored, {"scorer": scorer, **info}
-
-
 def row_train_config(config, name: str) -> ml_collections.ConfigDict:
   """`config.train` with the row's overrides (`config.train_overrides[name]`)."""
   c = copy.deepcopy(config.train)
@@ -264,34 +92,8 @@ def row_train_config(config, name: str) -> ml_collections.ConfigDict:
   return c
 
 
-# ----------------------------------------------------------------------------------------------
-# Teachers.
-
-
-def bilinear_teacher(setting: Setting, config) -> tuple[np.ndarray, Any, Any]:
-  """Trains `config.teacher.model` on the pooled embeddings (`jobs.common.train_and_evaluate`).
-
-  Returns:
-    ([Q_all, N] float32 teacher scores, module, params).
-  """
-  prepared = setting.prepared
-  c = copy.deepcopy(config)
-  with c.unlocked():
-    c.model = copy.deepcopy(config.teacher.model)
-    c.train = copy.deepcopy(config.teacher.train)
-  out = common.train_and_evaluate(c, prepared, setting.splitset, progress=False)
-  module = scorers.from_config(c.model, prepared.dim)
-  emb = prepared.embeddings
-  return (teacher_lib.scorer_teacher(module, out["params"], emb.queries, emb.docs), module,
-          out["params"])
-
-
-# ----------------------------------------------------------------------------------------------
-# The job.
-
-
 def validate(config) -> None:
-  """Refuses a bad config before any work (`jobs.validation`)."""
+  """Refuses a bad config before any work (`experiment.validation`)."""
   validation.integer(config.seed, "seed", 0)
   validation.check_data(config.data)
   validation.one_of(config.data.folds, (0,), "data.folds")
@@ -333,40 +135,46 @@ def validate(config) -> None:
 
 def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
   """The `late_interaction` job (configs/late_interaction.py)."""
-  setting = build_setting(config)
+  setting = rerank.build_setting(config)
   prepared = setting.prepared
   emb = prepared.embeddings
   dtype = jnp.dtype(config.storage.dtype)
-  lat = _latency_inputs(setting, config)
+  lat = rerank.latency_inputs(setting, int(config.latency.docs))
   measures = setting.measures
   sel = config.train.select_metric
   rows: list[dict[str, Any]] = []
-  dense: dict[str, Scored] = {}
-  calls: dict[str, Callable[[], Any]] = {}  # row -> its timed call (timed at the end)
+  dense: dict[str, rerank.Scored] = {}
 
-  def add(label: str, scorer: str, scored: Scored, **extra) -> None:
+  def add(label: str, scorer: str, scored: rerank.Scored, **extra) -> None:
     n_vec, width = scored.stored
     rows.append({"row": label, "scorer": scorer, "mode": "rerank", "encoder": "frozen",
                  "metrics": scored.test["mean"], "dev": scored.dev,
                  "bytes_per_doc": multivector.bytes_per_doc(n_vec, width, dtype),
                  "stored": [n_vec, width], **extra})
     dense[label] = scored
-    calls[label] = scored.latency_fn
     bar.write(f"{label:<28} test {measures[0]} {scored.test['mean'][measures[0]]:.4f} "
               f"(dev {sel} {scored.dev.get(sel, float('nan')):.4f})")
 
+  def token_row(name: str, tcfg, teacher=None) -> tuple[rerank.Scored, dict[str, Any]]:
+    module, scorer = build_row_model(config, name, setting.tokens.docs.shape[-1])
+    scored, info = rerank.token_row(setting, module, scorer, tcfg, config.seed, lat, dtype,
+                                    teacher)
+    return scored, {"scorer": scorer, **info}
+
   # References and teachers: BM25's own order of the candidates, the trained bilinear.
   teachers = {"bm25": {"metrics": {}, "dev": {}}}
-  for split in SPLITS:
+  for split in rerank.SPLITS:
     idx, scores = ranking.sort_candidates(setting.cands[split], setting.bm25[split])
     m = setting.evaluate(split, idx, scores)["mean"]
     teachers["bm25"]["metrics" if split == "test" else "dev"] = m
   teacher_scores = {}
   if config.distill.scorers and config.distill.losses:
     if config.distill.teacher in ("bilinear", "best"):
-      scores, module, params = bilinear_teacher(setting, config)
+      scores, module, params = training.scorer_teacher(
+          spec_lib.Row(config.teacher.model, config.teacher.train, config.eval, config.encoder,
+                       config.seed), prepared, setting.splitset)
       teacher_scores["bilinear"] = scores
-      scored = score_dense(setting, module, params, lambda r: emb.queries[r], emb.docs)
+      scored = setting.score(module, params, setting.pooled_queries, emb.docs)
       teachers["bilinear"] = {"metrics": scored.test["mean"], "dev": scored.dev,
                               "model": config.teacher.model.scorer}
     if config.distill.teacher in ("bm25", "best"):
@@ -384,11 +192,11 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       dot = scorers.build("dot", dim=emb.docs.shape[1])
       q, qm, _, _, docs = lat
       fn, n_vec, width = latency.de_case(q, qm, emb.docs[docs], dtype)
-      add("dot", "dot", score_dense(setting, dot, {}, lambda r: emb.queries[r], emb.docs, fn,
-                                    (n_vec, width)),
+      add("dot", "dot", setting.score(dot, {}, setting.pooled_queries, emb.docs, fn,
+                                      (n_vec, width)),
           trained=False, loss=None, teacher=None)
     else:
-      scored, info = _token_row(setting, config, name, lat, dtype)
+      scored, info = token_row(name, row_train_config(config, name))
       add(name, info.pop("scorer"), scored, loss=config.train.loss if info["trained"] else None,
           teacher=None, **info)
     bar.update(1)
@@ -401,23 +209,19 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       tcfg = row_train_config(config, name)
       tcfg.loss = loss
       tcfg.teacher_temperature = teacher_temperature
-      scored, info = _token_row(setting, config, name, lat, dtype, tcfg=tcfg, teacher=t)
+      scored, info = token_row(name, tcfg, teacher=t)
       add(f"{name} ({loss}, {teacher_name})", info.pop("scorer"), scored, loss=loss,
           teacher=teacher_name, **info)
       bar.update(1)
   bar.close()
 
+  calls = {label: scored.latency_fn for label, scored in dense.items()}
   if "hybrid" in config.rows and rows:
-    row, calls[row["row"]] = hybrid_row(setting, config, rows, dense, lat, sel)
+    row, calls[row["row"]] = hybrid_row(setting, config, rows, dense, lat)
     rows.append(row)
-  # Latency: every row's call, `rounds` times in turn (so load drift hits all rows alike);
-  # the median over rounds of each round's median.
-  times = {label: [] for label in calls}
-  for _ in range(int(config.latency.rounds)):
-    for label, call in calls.items():
-      times[label].append(latency.timed(call, int(config.latency.repeats)))
+  ms = rerank.time_in_turn(calls, config.latency.rounds, config.latency.repeats)
   for row in rows:
-    row["ms_1q_100d"] = float(np.median(times[row["row"]]))
+    row["ms_1q_100d"] = ms[row["row"]]
 
   dim, doc_len = int(setting.tokens.docs.shape[-1]), _doc_len(config)
   storage = multivector.storage_table(
@@ -432,7 +236,8 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
                      "positives_injected": False,
                      "recall": {s: candidates_lib.candidate_recall(
                          setting.cands[s], setting.split(s).query_ids,
-                         prepared.collection.doc_ids, setting.split(s).qrels) for s in SPLITS}},
+                         prepared.collection.doc_ids, setting.split(s).qrels)
+                                for s in rerank.SPLITS}},
       "tokens": {"query_len": int(config.encoder.query_max_length), "doc_len": _doc_len(config),
                  "pooled_max_length": prepared.embeddings.manifest["settings"]["max_length"],
                  "dim": int(setting.tokens.docs.shape[-1]),
@@ -447,45 +252,14 @@ def _truncated_share(mask: np.ndarray) -> float:
   return float(np.mean(mask[:, -1]))
 
 
-def hybrid_row(setting: Setting, config, rows: list[dict[str, Any]], dense: dict[str, Scored],
-               lat, sel: str) -> tuple[dict[str, Any], Callable[[], Any]]:
-  """The hybrid of the dense row best on dev with BM25 over the same candidates.
-
-  Returns:
-    (the row, its timed call: the dense call, BM25 scores of the same docs, the fusion).
-  """
-  best = max(rows, key=lambda r: r["dev"].get(sel, -np.inf))
-  scored = dense[best["row"]]
+def hybrid_row(setting: rerank.Setting, config, rows: list[dict[str, Any]],
+               dense: dict[str, rerank.Scored], lat) -> tuple[dict[str, Any], Callable[[], Any]]:
+  """The hybrid of the dense row best on dev with BM25 over the same candidates
+  (`experiment.rerank.hybrid`): (the row, its timed call)."""
+  sel = config.train.select_metric
+  best = rows_lib.best_on_dev(rows, lambda r: r["dev"].get(sel))
+  lam, metrics, call = rerank.hybrid(setting, dense[best["row"]], config.hybrid, lat[4])
   prepared = setting.prepared
-  cfg = config.hybrid
-
-  def candidates(split):
-    idx, scores = scored.run[split]
-    bm25_fn = lambda qi, di: prepared.bm25_pair_scores(setting.rows[split][qi], di)
-    missing = lambda qi, di: np.full(len(qi), np.nan)  # never called: both lists are complete
-    return hybrid.union_candidates(idx, scores, setting.cands[split], setting.bm25[split],
-                                   missing, bm25_fn)
-
-  cands = {split: candidates(split) for split in SPLITS}
-  lam, _ = hybrid.tune_lambda(cands["dev"], setting.split("dev").qrels,
-                              setting.split("dev").query_ids, prepared.collection.doc_ids,
-                              cfg.measure, tuple(cfg.grid), cfg.normalize)
-  metrics = {}
-  for split in SPLITS:
-    idx, scores = hybrid.rank_candidates(cands[split], lam, cfg.normalize)
-    metrics[split] = setting.evaluate(split, idx, scores)["mean"]
-
-  # Latency: the dense call, BM25 scores of the same docs, and the fusion.
-  q_row = setting.rows["test"][:1]
-  docs = lat[4]
-
-  def call():
-    d = np.asarray(scored.latency_fn())[0][:len(docs)]
-    b = prepared.bm25_pair_scores(np.repeat(q_row, len(docs)), docs)
-    c = hybrid.Candidates(np.sort(docs)[None], d[np.argsort(docs)][None].astype(np.float64),
-                          b[np.argsort(docs)][None])
-    return hybrid.rank_candidates(c, lam, cfg.normalize)
-
   bm25_bytes = int(round(prepared.bm25.doc_vectors.nnz / prepared.collection.num_docs * 8))
   return {"row": f"hybrid ({best['row']} + BM25)", "scorer": "hybrid", "mode": "rerank",
           "encoder": "frozen", "metrics": metrics["test"], "dev": metrics["dev"],

@@ -34,9 +34,11 @@ from bilinear_ir import scorers
 from bilinear_ir import progress
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
-from bilinear_ir.jobs import common
+from bilinear_ir.experiment import evaluate as evaluate_lib
+from bilinear_ir.experiment import rows as rows_lib
+from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
-from bilinear_ir.jobs import validation
 from bilinear_ir.retrieval import ranking
 
 # Paper 000, section 5 (MS MARCO, n = 768, MRR@10): share of the full W's MRR@10 per rank, and
@@ -92,9 +94,9 @@ def analyze(W: np.ndarray, prepared: pipeline.Prepared, splitset: pipeline.Split
 
   def evaluate(module, params, split):
     rows = prepared.query_row_index(split.query_ids)
-    metrics, _ = ranking.evaluate_scorer(module, params, emb.queries[rows], emb.docs,
-                                         split.query_ids, doc_ids, split.qrels, mode="full",
-                                         depth=config.eval.depth, measures=measures)
+    metrics, _ = evaluate_lib.evaluate_scorer(module, params, emb.queries[rows], emb.docs,
+                                              split.query_ids, doc_ids, split.qrels, mode="full",
+                                              depth=config.eval.depth, measures=measures)
     return metrics["mean"]
 
   full_module, full_params = scorers.build("bilinear", dim=n), {"W": jnp.asarray(W)}
@@ -217,7 +219,7 @@ def summarize(per_seed: list[dict[str, Any]], ranks: Sequence[int],
 
 
 def validate(config) -> None:
-  """Refuses a bad config before any work (`jobs.validation`)."""
+  """Refuses a bad config before any work (`experiment.validation`)."""
   validation.check_table(config, hybrid_block=False)
   validation.integers(config.ranks, "ranks", low=1)
   validation.one_of(config.eval.mode, ("full",), "eval.mode")
@@ -232,27 +234,26 @@ def validate(config) -> None:
     for x in config.rank_selection[key]:
       validation.real(x, f"rank_selection.{key}", 0.0, 1.0, low_open=True)
   validation.real(config.rank_selection.share, "rank_selection.share", 0.0, 1.0, low_open=True)
-  validation.check_model(common.row_config(config, _FULL_W, 0).model)
+  validation.check_model(spec_lib.model_block(config.model, _FULL_W))
 
 
 def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
   """The `lowrank_analysis` job (configs/lowrank_analysis.py)."""
   out, info = {}, {}
   bar = progress.bar(len(config.embeddings) * len(config.seeds), "full W", unit="model")
-  for emb_name, cfg, prepared, splitset in common.embeddings_of(config):
+  for recipe, prepared, (splitset, *_) in spec_lib.embeddings_of(config):
+    emb_name = recipe.name
     require(len(splitset.dev.query_ids) > 0, "rank selection needs a dev split; set "
             "data.dev_fraction > 0", field="data.dev_fraction")
-    trained = []
-    for seed in config.seeds:
-      model_cfg = common.row_config(cfg, _FULL_W, seed)
-      res = common.train_and_evaluate(model_cfg, prepared, splitset, progress=False)
-      trained.append((seed, np.asarray(res["params"]["W"], np.float32), res["best_step"]))
-      bar.update(1)
+    outs = rows_lib.seed_runs(recipe, _FULL_W, config.seeds, prepared, splitset,
+                              each=lambda *_: bar.update(1))
+    trained = [(seed, np.asarray(o["params"]["W"], np.float32), o["best_step"])
+               for seed, o in zip(config.seeds, outs)]
     spectra = [np.asarray(lowrank.spectrum(jnp.asarray(W)), np.float64) for _, W, _ in trained]
     selections = select_ranks(np.mean(spectra, axis=0), config.rank_selection)
     ranks = evaluated_ranks(config.ranks, prepared.dim, [s["rank"] for s in selections])
-    per_seed = [analyze(W, prepared, splitset, cfg, ranks, seed) for seed, W, _ in trained]
-    res = summarize(per_seed, ranks, selections, cfg)
+    per_seed = [analyze(W, prepared, splitset, config, ranks, seed) for seed, W, _ in trained]
+    res = summarize(per_seed, ranks, selections, config)
     spec = defaults.embedding_spec(emb_name)
     res.update(pooling=spec.get("pooling"), normalize=spec["normalize"], seeds=list(config.seeds),
                best_steps=[b for _, _, b in trained],

@@ -2,13 +2,16 @@
 
 Jobs never write results themselves; `main` writes `config.json`, `results.json`, `results.md`
 and `<name>.png` for each figure only after the job returned, each through a temp file + rename.
-The table helpers (`fmt`, `markdown_table`) are the ones every job's markdown uses.
+The table helpers (`fmt`, `markdown_table`) are the ones every job's markdown uses; a job's
+fixed prose lives in `templates/<job>.md`, one `<!-- section -->` per paragraph, filled by `prose`.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import functools
 import os
+import re
 from typing import Any, Callable, Sequence
 
 from bilinear_ir import files
@@ -61,6 +64,23 @@ def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str], digits:
   for row in rows:
     lines.append("| " + " | ".join(fmt(c, digits) for c in row) + " |")
   return "\n".join(lines) + "\n"
+
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+
+
+@functools.cache
+def _sections(job: str) -> dict[str, str]:
+  """{section: text} of `templates/<job>.md`: the text after each `<!-- section -->` line up to
+  the next such line (its trailing newline kept once)."""
+  with open(os.path.join(TEMPLATES, f"{job}.md"), encoding="utf-8") as f:
+    parts = re.split(r"^<!-- ([a-z_]+) -->\n", f.read(), flags=re.M)
+  return {name: text.rstrip("\n") + "\n" for name, text in zip(parts[1::2], parts[2::2])}
+
+
+def prose(job: str, section: str, **values: Any) -> str:
+  """Paragraph `section` of job `job`'s template with its `{fields}` filled (`str.format`)."""
+  return _sections(job)[section].format(**values)
 
 
 def save_figure(fig: Any, path: str) -> None:

@@ -11,19 +11,19 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import numpy as np
-
 from bilinear_ir import defaults
 from bilinear_ir import progress
-from bilinear_ir import scorers
 from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
 from bilinear_ir.eval import trec
-from bilinear_ir.jobs import common
+from bilinear_ir.experiment import compare
+from bilinear_ir.experiment import rows as rows_lib
+from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
-from bilinear_ir.jobs import validation
-from bilinear_ir.retrieval import ranking
 from bilinear_ir.train import saved_model
+
+JOB = "reproduce_table"
 
 
 def model_grid(config) -> list[dict[str, Any]]:
@@ -63,7 +63,7 @@ def _label(spec: dict[str, Any]) -> str:
 
 
 def validate(config) -> None:
-  """Refuses a bad config before any work (`jobs.validation`)."""
+  """Refuses a bad config before any work (`experiment.validation`)."""
   validation.check_table(config)
   validation.integers(config.ranks, "ranks", low=1)
   for residual in config.residuals:
@@ -76,95 +76,54 @@ def validate(config) -> None:
   if config.sources:
     require(config.encoder.kind == "flax", "ICT pairs are new texts: sources need "
             "encoder.kind 'flax'", field="sources")
-  for spec in model_grid(config):
-    validation.check_model(common.row_config(config, spec, 0).model)
+  for s in model_grid(config):
+    validation.check_model(spec_lib.model_block(config.model, s))
 
 
 def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
   """The `reproduce_table` job (configs/reproduce_table.py)."""
   grid = model_grid(config)
   measures = list(config.eval.measures)
-  sel = config.train.select_metric
-  rows, runs, unseen_counts, per_query, models = [], {}, {}, [], {}
+  m0, sel = measures[0], config.train.select_metric
+  rows, per_query, models, unseen_counts = [], [], {}, {}
   bar = progress.bar(len(config.embeddings) * len(grid) * len(config.seeds), "models",
                      unit="model")
-  for emb_name, cfg, prepared, splitset in common.embeddings_of(config):
-    test = splitset.test
-    base = {"embedding": emb_name, "mode": cfg.eval.mode}
-    unseen = common.unseen_doc_queries(prepared.collection, cfg.data.train_split, test)
-    m0 = measures[0]
-
-    dot_cfg = common.row_config(cfg, {"scorer": "dot", "rank": None, "residual": None}, cfg.seed)
-    dot = common.train_and_evaluate(dot_cfg, prepared, splitset, progress=False)
-    rows.append({**base, "scorer": "dot", "rank": None, "residual": None,
-                 "metrics": dot["metrics"], "std": {m: 0.0 for m in measures},
-                 "dev": dot["dev"], "seeds": 1,
-                 "unseen_docs": {m0: common.subset_mean(dot["per_query"], unseen, m0)}})
-    per_query.append(common.seed_mean([dot["per_query"]], m0))
-    test_rows = prepared.query_row_index(test.query_ids)
-    bm25_metrics, runs["bm25"] = ranking.evaluate_run(
-        test.query_ids, prepared.collection.doc_ids, prepared.bm25_idx[test_rows],
-        prepared.bm25_scores[test_rows], test.qrels, measures)
-    rows.append({**base, "scorer": "bm25", "rank": None, "residual": None, "mode": "full",
-                 "metrics": bm25_metrics["mean"], "std": {m: 0.0 for m in measures},
-                 "seeds": 1,
-                 "unseen_docs": {m0: common.subset_mean(bm25_metrics["per_query"], unseen, m0)}})
-    per_query.append(common.seed_mean([bm25_metrics["per_query"]], m0))
-
+  for recipe, prepared, (splitset, *_) in spec_lib.embeddings_of(config):
+    emb_name, test = recipe.name, splitset.test
+    base = {"embedding": emb_name, "mode": config.eval.mode, "rank": None, "residual": None}
+    unseen = rows_lib.unseen_doc_queries([splitset])
+    unseen_counts[emb_name] = len(unseen)
+    dot, bm25, bm25_run = rows_lib.baselines(recipe, prepared, [splitset], measures)
+    for row, out in zip(rows_lib.baseline_rows(dot, bm25, unseen, measures), (dot, bm25)):
+      rows.append({**base, **row})
+      per_query.append(rows_lib.seed_mean([out["per_query"]], m0))
     trained = []
-    for spec in grid:
-      outs = []
-      for seed in config.seeds:
-        out = common.train_and_evaluate(common.row_config(cfg, spec, seed), prepared, splitset,
-                                        progress=False)
-        outs.append(out)
-        bar.update(1)
-      mean, std = common.aggregate([o["metrics"] for o in outs], measures)
-      dev_mean = float(np.mean([o["dev"][sel] for o in outs]))
-      row = {**base, **spec, "metrics": mean, "std": std,
-             "dev": {sel: dev_mean}, "seeds": len(outs),
-             "best_steps": [o["best_step"] for o in outs],
-             "unseen_docs": {m0: float(np.mean([common.subset_mean(o["per_query"], unseen, m0)
-                                                for o in outs]))}}
+    for s in grid:
+      outs = rows_lib.seed_runs(recipe, s, config.seeds, prepared, splitset,
+                                each=lambda *_: bar.update(1))
+      row = {**base, **s, **rows_lib.summary(outs, measures, sel, unseen)}
       rows.append(row)
-      per_query.append(common.seed_mean([o["per_query"] for o in outs], m0))
-      module = scorers.from_config(common.row_config(cfg, spec, 0).model, prepared.dim)
+      per_query.append(rows_lib.seed_mean([o["per_query"] for o in outs], m0))
       for seed, o in zip(config.seeds, outs):
-        models[f"{emb_name}/{_slug(spec)}/seed{seed}"] = (
-            module, o["params"], prepared.embeddings.manifest["settings"],
-            {"collection": prepared.collection.name, "seed": int(seed), "row": _label(spec)})
-      trained.append((spec, outs, dev_mean))
-      bar.write(f"{emb_name:>4} {_label(spec):<28} test {measures[0]} "
-                f"{mean[measures[0]]:.4f} +- {std[measures[0]]:.4f} (dev {sel} {dev_mean:.4f})")
-
+        models[f"{emb_name}/{_slug(s)}/seed{seed}"] = (
+            o["module"], o["params"], prepared.embeddings.manifest["settings"],
+            {"collection": prepared.collection.name, "seed": int(seed), "row": _label(s)})
+      trained.append((s, outs, row["dev"][sel]))
+      bar.write(f"{emb_name:>4} {_label(s):<28} test {m0} {row['metrics'][m0]:.4f} +- "
+                f"{row['std'][m0]:.4f} (dev {sel} {report.fmt(row['dev'][sel], 4)})")
     # The hybrid's dense partner: the row best on the judged dev split (ICT rows select on
     # held-out ICT pairs, whose metric is not comparable).
-    best_spec, best_outs, best_dev = max((t for t in trained if t[0]["source"] != "ict"),
-                                         key=lambda t: t[2])
-    hyb, lams, hyb_unseen, hyb_q = [], [], [], []
-    for seed, out in zip(config.seeds, best_outs):
-      module = scorers.from_config(common.row_config(cfg, best_spec, seed).model, prepared.dim)
-      metrics, lam, run = ranking.evaluate_hybrid(module, out["params"], prepared,
-                                                  splitset.dev, test, cfg.hybrid, measures)
-      hyb.append(metrics["mean"])
-      hyb_q.append(metrics["per_query"])
-      hyb_unseen.append(common.subset_mean(metrics["per_query"], unseen, m0))
-      lams.append(lam)
-      runs[f"hybrid_{emb_name}_seed{seed}"] = run
-    mean, std = common.aggregate(hyb, measures)
-    rows.append({**base, "scorer": "hybrid", "rank": best_spec["rank"],
-                 "residual": best_spec["residual"], "dense": _label(best_spec), "lambda": lams,
-                 "metrics": mean, "std": std, "seeds": len(hyb),
-                 "unseen_docs": {m0: float(np.mean(hyb_unseen))}})
-    per_query.append(common.seed_mean(hyb_q, m0))
-    unseen_counts[emb_name] = len(unseen)
+    best, best_outs, _ = rows_lib.best_on_dev([t for t in trained if t[0]["source"] != "ict"],
+                                              lambda t: t[2])
+    hyb = [rows_lib.hybrid(o, prepared, splitset, config.hybrid, measures) for o in best_outs]
+    mean, std = rows_lib.aggregate([h[0]["mean"] for h in hyb], measures)
+    rows.append({**base, "scorer": "hybrid", "rank": best["rank"], "residual": best["residual"],
+                 "dense": _label(best), "lambda": [h[1] for h in hyb], "metrics": mean,
+                 "std": std, "seeds": len(hyb),
+                 "unseen_docs": rows_lib.unseen_mean([h[0] for h in hyb], unseen, m0)})
+    per_query.append(rows_lib.seed_mean([h[0]["per_query"] for h in hyb], m0))
   bar.close()
-  index = {(r["embedding"], r["scorer"]): i for i, r in enumerate(rows)
-           if r["scorer"] in ("dot", "bm25")}
-  against = lambda name: lambda i: (None if rows[i]["scorer"] == name else
-                                    index[rows[i]["embedding"], name])
-  common.add_paired(rows, per_query, against("dot"), "vs_dot", config)
-  common.add_paired(rows, per_query, against("bm25"), "vs_bm25", config)
+  compare.against_baselines(rows, per_query, ("embedding",), config)
   results = {"rows": rows, "collection": prepared.collection.name,
              "test_queries": len(test.query_ids), "seeds": list(config.seeds),
              "std": "sample std (ddof = 1) over the seeds",
@@ -173,7 +132,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
              "unseen_doc_queries": unseen_counts}
   return report.Report(results=results, markdown=markdown(rows, config, unseen_counts),
                        figures={"metric_vs_rank": plot(rows, config)},
-                       extra_files={"run_bm25.trec": trec.run_to_text(runs["bm25"], "bm25")},
+                       extra_files={"run_bm25.trec": trec.run_to_text(bm25_run, "bm25")},
                        folders={"models": functools.partial(saved_model.save_many,
                                                             models=models)})
 
@@ -210,15 +169,9 @@ def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int]) 
     out.append(report.markdown_table(
         table, ["model"] + measures + [f"{m0} unseen docs ({unseen_counts[emb]} q)",
                                        f"{m0} vs dot", f"{m0} vs BM25"]))
-  out.append(f"\nMean ± sample std (ddof = 1) over the n = {len(config.seeds)} training seeds. "
-             f"*vs dot*, *vs BM25*: mean per-query difference of {m0} (per-query values averaged "
-             "over seeds), paired randomization test, p Holm-adjusted over the table's "
-             f"comparisons with the same baseline; + / \u2212: significant at "
-             f"{config.stats.alpha}.\n")
-  out.append(f"\n*unseen docs*: {m0} on the test queries none of whose relevant abstracts is "
-             "relevant to a training query (most SciFact test claims cite abstracts that "
-             "training claims cite too, so a learned similarity can gain by learning which "
-             "abstracts get cited; this column shows the gain without that).\n")
+  out.append("\n" + report.prose(JOB, "units", seeds=len(config.seeds), m0=m0,
+                                 alpha=config.stats.alpha))
+  out.append("\n" + report.prose(JOB, "unseen", m0=m0))
   out.append("\n" + findings(rows, config))
   return "".join(out)
 
@@ -236,48 +189,41 @@ def findings(rows: list[dict[str, Any]], config) -> str:
         mark, "not significantly different from")
     return f"{word} dot, p = {r['vs_dot'].get('p_holm', r['vs_dot']['p_perm']):.2g}"
 
+  val = lambda r: r["metrics"][m]
+  listed = lambda rs: ", ".join(f"r={r}: {val(x):.4f}" for r, x in rs)
+  sig = lambda rs: sum(stats.mark(x["vs_dot"], alpha) == stats.GAIN for _, x in rs)
   lines = ["## What the numbers say\n"]
   for emb in config.embeddings:
     every = [r for r in rows if r["embedding"] == emb]
     mine = [r for r in every if r.get("source", "qrels") == "qrels"]
     by = {(r["scorer"], r["rank"], r["residual"]): r for r in mine}
-    dot, wdp, full = by[("dot", None, None)], by[("wdp", None, None)], by[("bilinear", None, None)]
-    bm25 = by[("bm25", None, None)]
-    val = lambda r: r["metrics"][m]
+    dot, bm25 = by[("dot", None, None)], by[("bm25", None, None)]
     pure = [(r, by[("lowrank", r, "none")]) for r in config.ranks if ("lowrank", r, "none") in by]
     resid = [(r, by[("lowrank", r, "identity")]) for r in config.ranks
              if ("lowrank", r, "identity") in by]
-    sig = lambda rs: sum(stats.mark(x["vs_dot"], alpha) == stats.GAIN for _, x in rs)
-    resid_text = (f" Residual I + P Q^T is significantly above dot at {sig(resid)} of "
-                  f"{len(resid)} ranks ({', '.join(f'r={r}: {val(x):.4f}' for r, x in resid)})."
-                  if resid else "")
     rising = all(val(b) >= val(a) - 1e-9 for (_, a), (_, b) in zip(pure, pure[1:]))
-    learned = max((r for r in mine if r["scorer"] in ("wdp", "lowrank", "bilinear")
-                   and r["source"] != "ict"), key=lambda r: r["dev"][sel])
-    hybrid = next(r for r in mine if r["scorer"] == "hybrid")
-    lines.append(
-        f"- **{emb}**: dot {val(dot):.4f}, WDP {val(wdp):.4f} ({versus(wdp)}), full bilinear "
-        f"{val(full):.4f} ({versus(full)}); pure low-rank is significantly above dot at "
-        f"{sig(pure)} of {len(pure)} ranks and "
-        f"{'rises monotonically' if rising else 'does not rise monotonically'} with rank "
-        f"({', '.join(f'r={r}: {val(x):.4f}' for r, x in pure)}).{resid_text} The learned "
-        f"similarity best on dev: {_row_name(learned)} {val(learned):.4f} ({versus(learned)}), "
-        f"against BM25 {val(bm25):.4f} ({report.fmt_paired(learned['vs_bm25'], alpha, ci=False)}"
-        f"); hybrid {val(hybrid):.4f}. On the unseen-doc test queries: dot "
-        f"{dot['unseen_docs'][m]:.4f}, {_row_name(learned)} {learned['unseen_docs'][m]:.4f}, "
-        f"BM25 {bm25['unseen_docs'][m]:.4f}.\n")
+    learned = rows_lib.best_on_dev([r for r in mine if r["scorer"] in ("wdp", "lowrank",
+                                                                       "bilinear")],
+                                   lambda r: r["dev"][sel])
+    lines.append(report.prose(
+        JOB, "bullet", emb=emb, dot=val(dot), wdp=val(by[("wdp", None, None)]),
+        wdp_vs=versus(by[("wdp", None, None)]), full=val(by[("bilinear", None, None)]),
+        full_vs=versus(by[("bilinear", None, None)]), pure_sig=sig(pure), pure_n=len(pure),
+        rising="rises monotonically" if rising else "does not rise monotonically",
+        pure=listed(pure), learned=_row_name(learned), learned_val=val(learned),
+        resid=(report.prose(JOB, "resid", sig=sig(resid), n=len(resid),
+                            values=listed(resid)).rstrip("\n") if resid else ""),
+        learned_vs=versus(learned), bm25=val(bm25),
+        learned_vs_bm25=report.fmt_paired(learned["vs_bm25"], alpha, ci=False),
+        hybrid=val(next(r for r in mine if r["scorer"] == "hybrid")),
+        dot_unseen=dot["unseen_docs"][m], learned_unseen=learned["unseen_docs"][m],
+        bm25_unseen=bm25["unseen_docs"][m]))
     others = [r for r in every if r.get("source", "qrels") != "qrels"]
     if others:
-      lines.append("  Trained on pairs the corpus makes itself: " + "; ".join(
+      lines.append(report.prose(JOB, "others", rows="; ".join(
           f"{_row_name(r)} {val(r):.4f} ({versus(r)}), unseen-doc {r['unseen_docs'][m]:.4f}"
-          for r in others) + f" (dot on the unseen-doc queries: {dot['unseen_docs'][m]:.4f}).\n")
-  lines.append(
-      "\nThe paper (MS MARCO, frozen bert-base-uncased CLS) reports a dot product far below "
-      "every bilinear model, gains rising with rank (MRR@10 0.031 dot, 0.062 WDP, 0.090 r=32, "
-      "0.127 r=128, 0.128 full), and no gain for embeddings tuned for the dot product "
-      "(all-mpnet-base-v2: 0.3389 dot vs 0.3339 full MRR@10). The bullets above say, from the "
-      f"numbers of this run ({m}), whether SciFact shows the same pattern for each embedding: "
-      "the misaligned ones (cls, mpnet-cls) and the aligned ones (mean, mpnet-mean).\n")
+          for r in others), dot_unseen=dot["unseen_docs"][m]))
+  lines.append("\n" + report.prose(JOB, "paper", m=m))
   return "".join(lines)
 
 

@@ -34,7 +34,7 @@ from bilinear_ir.errors import input_error, require
 from bilinear_ir.eval import metrics as metrics_lib
 from bilinear_ir.eval import trec
 from bilinear_ir.jobs import report
-from bilinear_ir.jobs import validation
+from bilinear_ir.experiment import validation
 from bilinear_ir.retrieval import index as index_lib
 from bilinear_ir.retrieval import serving
 from bilinear_ir.scorers.base import TableScorer

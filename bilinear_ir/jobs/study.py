@@ -35,15 +35,15 @@ import ml_collections
 import numpy as np
 
 from bilinear_ir import progress
-from bilinear_ir import scorers
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
-from bilinear_ir.jobs import common
+from bilinear_ir.experiment import compare
+from bilinear_ir.experiment import rows as rows_lib
+from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
-from bilinear_ir.jobs import validation
-from bilinear_ir.retrieval import ranking
 
 BASELINES = ("dot", "bm25")
 
@@ -74,7 +74,7 @@ def model_specs(config) -> list[dict[str, Any]]:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Refuses a bad config before any work (`jobs.validation`)."""
+  """Refuses a bad config before any work (`experiment.validation`)."""
   require(isinstance(config.collections, (tuple, list)) and len(config.collections) > 0,
           "must name at least one collection", field="collections")
   for entry in config.collections:
@@ -87,34 +87,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
   require(len(config.models) > 0, "must name at least one trained model", field="models")
   for name in config.models:
     validation.one_of(name, ("wdp", "bilinear", "lowrank"), "models")
-  for spec in model_specs(config):
-    validation.check_model(common.row_config(config, spec, 0).model)
+  for sp in model_specs(config):
+    validation.check_model(spec_lib.model_block(config.model, sp))
   names = [sp["name"] for sp in model_specs(config)]
   for name in config.ict_rows:
     validation.one_of(name, names, "ict_rows")
   if config.ict_rows:
     require(config.encoder.kind == "flax", "ICT pairs are new texts: ict_rows need "
             "encoder.kind 'flax'", field="ict_rows")
-
-
-def _splitsets(prepared: pipeline.Prepared, cfg, folds: int) -> list[pipeline.SplitSet]:
-  """Its own train / test split when the collection has `data.train_split`, else K folds."""
-  data = copy.deepcopy(cfg.data)
-  if data.train_split not in prepared.collection.qrels:
-    data.folds = folds
-  return pipeline.splits(prepared.collection, data, cfg.seed)
-
-
-def _unseen(splitsets: list[pipeline.SplitSet]) -> list[str]:
-  """Test queries of every split set none of whose relevant docs is relevant to one of its
-  training or dev queries."""
-  out = []
-  for s in splitsets:
-    seen = {d for split in (s.train, s.dev) for q in split.query_ids
-            for d, rel in split.qrels[q].items() if rel > 0}
-    out += [q for q in s.test.query_ids
-            if not any(rel > 0 and d in seen for d, rel in s.test.qrels[q].items())]
-  return sorted(out)
 
 
 def _means(per_query_metrics: list[dict[str, dict[str, float]]], measures) -> dict[str, float]:
@@ -127,73 +107,45 @@ def _means(per_query_metrics: list[dict[str, dict[str, float]]], measures) -> di
 def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str], str]:
   """Every row of one collection: (rows, unseen-doc query ids, collection name)."""
   measures = list(config.eval.measures)
-  m0 = measures[0]
+  m0, sel = measures[0], config.train.select_metric
   specs = model_specs(config)
   ict_specs = [sp for sp in specs if sp["name"] in config.ict_rows]
-  rows, prepared, unseen = [], None, None
-  for emb in config.embeddings:
-    base = copy.deepcopy(config)
-    with base.unlocked():
-      base.data = collection_data(config, entry)
-    cfg = common.embedding_config(base, emb)
-    prepared = (pipeline.prepare(cfg) if prepared is None
-                else pipeline.reembed(prepared, cfg.encoder))
+  rows, unseen = [], None
+  for recipe, prepared, splitsets in spec_lib.embeddings_of(
+      config, collection_data(config, entry), int(config.folds)):
     coll = prepared.collection
-    splitsets = _splitsets(prepared, cfg, int(config.folds))
     if unseen is None:
-      unseen = _unseen(splitsets)
-    test_qrels = {q: s.test.qrels[q] for s in splitsets for q in s.test.query_ids}
+      unseen = rows_lib.unseen_doc_queries(splitsets)
     bar = progress.bar(len(config.seeds) * (len(splitsets) * len(specs) + len(ict_specs)),
-                       f"{coll.name} / {emb}", unit="model")
-
+                       f"{coll.name} / {recipe.name}", unit="model")
     # per model name -> per seed -> {qid: {measure: v}} over every split's test queries
-    per_query: dict[str, list[dict]] = {}
-    chosen: dict[str, list[str]] = {"learned": []}
-    dot = {}
-    for s in splitsets:
-      out = common.train_and_evaluate(common.row_config(cfg, {"scorer": "dot", "rank": None,
-                                                              "residual": None}, cfg.seed),
-                                      prepared, s, progress=False)
-      dot.update(out["per_query"])
-    per_query["dot"] = [dot]
-    all_test = sorted(dot)
-    rows_idx = prepared.query_row_index(all_test)
-    bm25, _ = ranking.evaluate_run(all_test, coll.doc_ids, prepared.bm25_idx[rows_idx],
-                                   prepared.bm25_scores[rows_idx],
-                                   test_qrels, measures)
-    per_query["bm25"] = [bm25["per_query"]]
+    dot, bm25, _ = rows_lib.baselines(recipe, prepared, splitsets, measures)
+    per_query: dict[str, list[dict]] = {"dot": [dot["per_query"]], "bm25": [bm25["per_query"]]}
     for name in [sp["name"] for sp in specs] + ["learned", "hybrid"]:
       per_query.setdefault(name, [])
+    chosen = []
     # Rows trained on pairs the corpus makes itself: no query is trained on, so no folds are
     # needed; every query of the test split (all of a test-only collection) is evaluated.
     ict_split = (splitsets[0] if len(splitsets) == 1
-                 else pipeline.test_only(coll, cfg.data)[0])
+                 else pipeline.test_only(coll, recipe.data)[0])
     for sp in ict_specs:
-      per_query[f"{sp['name']}_ict"] = []
-      for seed in config.seeds:
-        out = common.train_and_evaluate(common.row_config(cfg, {**sp, "source": "ict"}, seed),
-                                        prepared, ict_split, progress=False)
-        per_query[f"{sp['name']}_ict"].append(out["per_query"])
-        bar.update(1)
+      outs = rows_lib.seed_runs(recipe, {**sp, "source": "ict"}, config.seeds, prepared,
+                                ict_split, each=lambda *_: bar.update(1))
+      per_query[f"{sp['name']}_ict"] = [o["per_query"] for o in outs]
     for seed in config.seeds:
       seed_q = {sp["name"]: {} for sp in specs}
       learned_q, hybrid_q = {}, {}
       for s in splitsets:
         fold = []
         for sp in specs:
-          rc = common.row_config(cfg, sp, seed)
-          out = common.train_and_evaluate(rc, prepared, s, progress=False)
+          out = rows_lib.seed_runs(recipe, sp, [seed], prepared, s)[0]
           seed_q[sp["name"]].update(out["per_query"])
-          fold.append((sp, rc, out))
+          fold.append((sp, out))
           bar.update(1)
-        sel = config.train.select_metric
-        sp, rc, out = max(fold, key=lambda t: t[2]["dev"].get(sel, -np.inf))  # first on ties
-        chosen["learned"].append(sp["name"] if out["best_step"] else f"{sp['name']}@step0")
+        sp, out = rows_lib.best_on_dev(fold, lambda t: t[1]["dev"].get(sel))
+        chosen.append(sp["name"] if out["best_step"] else f"{sp['name']}@step0")
         learned_q.update(out["per_query"])
-        module = scorers.from_config(rc.model, prepared.dim)
-        metrics, _, _ = ranking.evaluate_hybrid(module, out["params"], prepared, s.dev, s.test,
-                                                cfg.hybrid, measures)
-        hybrid_q.update(metrics["per_query"])
+        hybrid_q.update(rows_lib.hybrid(out, prepared, s, config.hybrid, measures)[0]["per_query"])
       for name, q in seed_q.items():
         per_query[name].append(q)
       per_query["learned"].append(learned_q)
@@ -201,12 +153,12 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
     bar.close()
 
     for name, outs in per_query.items():
-      row = {"collection": coll.name, "embedding": emb, "model": name,
+      row = {"collection": coll.name, "embedding": recipe.name, "model": name,
              "metrics": _means(outs, measures), "n_queries": len(outs[0]),
-             "seeds": len(outs), "per_query": common.seed_mean(outs, m0),
+             "seeds": len(outs), "per_query": rows_lib.seed_mean(outs, m0),
              "folds": len(splitsets) if len(splitsets) > 1 else 0}
       if name == "learned":
-        row["chosen"] = chosen["learned"]
+        row["chosen"] = chosen
       rows.append(row)
   return rows, unseen, prepared.collection.name
 
@@ -214,23 +166,14 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
 def _compare(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> None:
   """Adds `vs_dot` / `vs_bm25` and `unseen_doc` (its mean and `vs_dot`) paired statistics to
   every row; each kind of comparison is one Holm family over the study."""
-  index = {(r["collection"], r["embedding"], r["model"]): i for i, r in enumerate(rows)}
-
-  def against(model: str, enough=lambda i: True):
-    def baseline(i):
-      r = rows[i]
-      return None if r["model"] == model or not enough(i) else index[r["collection"],
-                                                                     r["embedding"], model]
-    return baseline
-
-  per_query = [r["per_query"] for r in rows]
-  common.add_paired(rows, per_query, against("dot"), "vs_dot", config)
-  common.add_paired(rows, per_query, against("bm25"), "vs_bm25", config)
+  cell = ("collection", "embedding")
+  compare.against_baselines(rows, [r["per_query"] for r in rows], cell, config, name="model")
   subsets = [{q: r["per_query"][q] for q in unseen[r["collection"]]} for r in rows]
   holders = [{"n_queries": len(sub), "mean": float(np.mean(list(sub.values()))) if sub else None}
              for sub in subsets]
-  common.add_paired(holders, subsets, against("dot", lambda i: len(subsets[i]) >= 2), "vs_dot",
-                    config)
+  compare.add_paired(holders, subsets, compare.against(rows, "dot", cell, "model",
+                                                       lambda i: len(subsets[i]) >= 2),
+                     "vs_dot", config)
   for r, h in zip(rows, holders):
     r["unseen_doc"] = h
 
@@ -254,7 +197,7 @@ def _pooled(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) ->
     out.append(entry)
     firsts.append(a)
     seconds.append(b)
-  common.add_paired(out + [{} for _ in out], firsts + seconds,
+  compare.add_paired(out + [{} for _ in out], firsts + seconds,
                     lambda i: i + len(out) if i < len(out) and len(firsts[i]) >= 2 else None,
                     "vs_dot", config)
   return out

@@ -16,14 +16,15 @@ import numpy as np
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import trec
-from bilinear_ir.jobs import common
+from bilinear_ir.experiment import spec
+from bilinear_ir.experiment import training
+from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
-from bilinear_ir.jobs import validation
 from bilinear_ir.train import saved_model
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Refuses a bad config before any work (`jobs.validation`)."""
+  """Refuses a bad config before any work (`experiment.validation`)."""
   validation.integer(config.seed, "seed", 0)
   validation.check_data(config.data)
   validation.check_encoder(config.encoder)
@@ -51,7 +52,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   outs, models = [], {}
   for s in sets:
     sub = s.name if len(sets) > 1 else ""
-    outs.append(common.train_and_evaluate(config, prepared, s, os.path.join(workdir, sub)))
+    outs.append(training.train_and_evaluate(spec.Row.of(config), prepared, s, os.path.join(workdir, sub)))
     models[os.path.join(sub, "model")] = functools.partial(
         saved_model.save_model, module=module, params=outs[-1]["params"], embedding=embedding,
         extra={"collection": prepared.collection.name, "seed": int(config.seed)})

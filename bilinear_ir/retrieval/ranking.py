@@ -1,27 +1,22 @@
-"""Rank a collection's queries with a trained scorer and evaluate the run.
+"""Rank a collection's queries with a trained scorer: the whole corpus or given candidates.
 
-Two modes, and results say which: "full" ranks the whole corpus (exact top-k through the scorer's
-tables when it has them, chunked brute force through `score_all` otherwise); "rerank" re-scores
-given candidates per query (e.g. BM25's top 1,000, as the bilinear paper's public code does).
+`score_topk` ranks the whole corpus (exact top-k through the scorer's tables when it has them,
+chunked brute force through `score_all` otherwise); `rerank` re-scores given candidates per query
+(e.g. BM25's top 1,000, as the bilinear paper's public code does). Evaluating a ranking is the
+experiment protocol's (`bilinear_ir.experiment.evaluate`).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bilinear_ir.errors import require
-from bilinear_ir.eval import metrics as metrics_lib
 from bilinear_ir.retrieval import exact
-from bilinear_ir.retrieval import hybrid
 from bilinear_ir.scorers.base import TableScorer
-
-MODES = ("full", "rerank")
-DEFAULT_MEASURES = ("ndcg@10", "mrr@10", "map", "recall@100")
 
 
 def _as_tuple(feats: Any) -> tuple:
@@ -180,74 +175,3 @@ def sort_candidates(cands: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, 
   scores = np.where(cands < 0, -np.inf, scores).astype(np.float32)
   order = np.lexsort((cands, -scores), axis=1) if scores.size else np.zeros_like(cands)
   return np.take_along_axis(cands, order, 1), np.take_along_axis(scores, order, 1)
-
-
-def evaluate_run(query_ids: Sequence[str], doc_ids: Sequence[str], idx: np.ndarray,
-                 scores: np.ndarray, qrels: dict[str, dict[str, int]],
-                 measures: Sequence[str] = DEFAULT_MEASURES) -> tuple[dict[str, Any], dict]:
-  """Turns top-k arrays into a run and evaluates it.
-
-  Args:
-    query_ids: [Q] ids of the rows of `idx`.
-    doc_ids: [N] ids of the doc rows.
-    idx, scores: [Q, k] from `score_topk` or `rerank` (-1 rows are dropped).
-    qrels: {qid: {doc_id: rel}} of the evaluated split.
-
-  Returns:
-    (metrics `{"mean": ..., "per_query": ...}` from `eval.metrics.evaluate`, run dict).
-  """
-  run = {}
-  for i, qid in enumerate(query_ids):
-    keep = idx[i] >= 0
-    run[qid] = {doc_ids[j]: float(s) for j, s in zip(idx[i][keep], scores[i][keep])}
-  return metrics_lib.evaluate(qrels, run, list(measures)), run
-
-
-def evaluate_scorer(module: nn.Module, params: Any, q_feats: Any, d_feats: Any,
-                    query_ids: Sequence[str], doc_ids: Sequence[str],
-                    qrels: dict[str, dict[str, int]], mode: str = "full", depth: int = 1000,
-                    candidates: np.ndarray | None = None,
-                    measures: Sequence[str] = DEFAULT_MEASURES) -> tuple[dict[str, Any], dict]:
-  """Ranks (full corpus or re-rank of `candidates`) and evaluates: (metrics, run)."""
-  require(mode in MODES, f"must be one of {MODES}, got {mode!r}", field="eval.mode")
-  if mode == "full":
-    idx, scores = score_topk(module, params, q_feats, d_feats, depth)
-  else:
-    require(candidates is not None, "rerank mode needs candidates", field="eval.mode")
-    idx, scores = rerank(module, params, q_feats, d_feats, candidates)
-  return evaluate_run(query_ids, doc_ids, idx, scores, qrels, measures)
-
-
-def evaluate_hybrid(module: nn.Module, params: Any, prepared, dev, test, cfg,
-                    measures: Sequence[str] = DEFAULT_MEASURES) -> tuple[dict[str, Any], float,
-                                                                         dict]:
-  """Hybrid of a trained dense scorer and BM25: lam tuned on `dev`, evaluated on `test`.
-
-  Args:
-    module, params: the dense scorer.
-    prepared: `data.pipeline.Prepared` (embeddings, BM25 rankings and model).
-    dev, test: `data.pipeline.Split`s.
-    cfg: `defaults.hybrid_config()`.
-
-  Returns:
-    (test metrics `{"mean", "per_query"}`, the chosen lam, the test run).
-  """
-  emb = prepared.embeddings
-  variables = {"params": params}
-  pair = jax.jit(lambda q, d: module.apply(variables, q, d, method=module.score_pairs))
-
-  def candidates(split):
-    rows = prepared.query_row_index(split.query_ids)
-    d_idx, d_scores = score_topk(module, params, emb.queries[rows], emb.docs, cfg.depth)
-    b_idx = prepared.bm25_idx[rows][:, :cfg.depth]
-    b_scores = prepared.bm25_scores[rows][:, :cfg.depth]
-    dense_fn = lambda qi, di: np.asarray(pair(emb.queries[rows[qi]], emb.docs[di]))
-    bm25_fn = lambda qi, di: prepared.bm25_pair_scores(rows[qi], di)
-    return hybrid.union_candidates(d_idx, d_scores, b_idx, b_scores, dense_fn, bm25_fn)
-
-  lam, _ = hybrid.tune_lambda(candidates(dev), dev.qrels, dev.query_ids,
-                              prepared.collection.doc_ids, cfg.measure, cfg.grid, cfg.normalize)
-  idx, scores = hybrid.rank_candidates(candidates(test), lam, cfg.normalize)
-  metrics, run = evaluate_run(test.query_ids, prepared.collection.doc_ids, idx, scores,
-                              test.qrels, measures)
-  return metrics, lam, run

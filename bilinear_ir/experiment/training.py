@@ -1,9 +1,10 @@
-"""The protocol the training jobs share: one row's config, training with dev selection, seeds.
+"""Train and select on dev: the one training protocol of every trained row.
 
-`train_and_evaluate` is the recipe every trained row follows (train on `splitset.train`, select
-on `.dev`, evaluate on `.test`); `embeddings_of` walks the embeddings a table compares, loading
-the collection and BM25 once; `row_config`, `aggregate`, `unseen_doc_queries` and `subset_mean`
-build and summarise the rows of a table over seeds.
+`train_and_evaluate` is the recipe every table scorer follows (train on `splitset.train` or on
+pairs the corpus makes itself, select on dev, evaluate on `splitset.test`);
+`train_token_model` is the same protocol for token-level scorers in the re-ranking setting
+(`experiment.rerank.Setting`: selected on the dev split's re-ranked candidates);
+`scorer_teacher` trains a table scorer with it and hands its scores to distillation.
 """
 from __future__ import annotations
 
@@ -14,17 +15,16 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from bilinear_ir import defaults
 from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import batches
 from bilinear_ir.data import pipeline
-from bilinear_ir.eval import stats
-from bilinear_ir.retrieval import ranking
+from bilinear_ir.experiment import evaluate
+from bilinear_ir.experiment import spec
 from bilinear_ir.train import losses
+from bilinear_ir.train import teachers
 from bilinear_ir.train import trainer
 
 
@@ -62,9 +62,9 @@ class TrainingData:
   ict_pairs: int
 
 
-def training_data(config: ml_collections.ConfigDict, prepared: pipeline.Prepared,
+def training_data(row: spec.Row, prepared: pipeline.Prepared,
                   splitset: pipeline.SplitSet) -> TrainingData:
-  """The training pairs of `config.train.source` (see `defaults.train_config`).
+  """The training pairs of `row.train.source` (see `defaults.train_config`).
 
   "qrels": the judged pairs of `splitset.train`, selected on `splitset.dev`. "ict": pairs the
   corpus makes itself (`pipeline.ict_set`); no judgement is read, and the model is selected on
@@ -72,14 +72,14 @@ def training_data(config: ml_collections.ConfigDict, prepared: pipeline.Prepared
   "both": the judged pairs plus `train.ict.ratio` ICT pairs per judged pair (drawn by the ICT
   seed), selected on `splitset.dev`.
   """
-  tcfg, emb = config.train, prepared.embeddings
+  tcfg, emb = row.train, prepared.embeddings
   source = tcfg.get("source", "qrels")
   hard_depth = tcfg.hard_depth if tcfg.hard_negatives else 0
   n = prepared.collection.num_docs
   if source == "qrels":
     ts, rows = pipeline.trainset(prepared, splitset.train, hard_depth)
     return TrainingData(emb.queries[rows], emb.docs, ts, None, source, 0)
-  data = pipeline.ict_set(prepared, config.encoder, tcfg.ict, max(hard_depth, 1))
+  data = pipeline.ict_set(prepared, row.encoder, tcfg.ict, max(hard_depth, 1))
   docs = np.concatenate([emb.docs, data.extra_docs])
   is_dev = data.pairs.dev
   if source == "ict":
@@ -112,16 +112,16 @@ def training_data(config: ml_collections.ConfigDict, prepared: pipeline.Prepared
   return TrainingData(queries, docs, both, None, source, take)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, prepared: pipeline.Prepared,
+def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
                        splitset: pipeline.SplitSet, workdir: str | None = None,
                        progress: bool = True,
                        aux_loss: Callable[[Any, tuple, tuple], jnp.ndarray] | None | str = "auto"
                        ) -> dict[str, Any]:
-  """Trains `config.model` on the pairs of `config.train.source` (`training_data`), selects on
+  """Trains `row.model` on the pairs of `row.train.source` (`training_data`), selects on
   their dev set, evaluates on `splitset.test`.
 
   Args:
-    config: a train_eval-style config (model, train, eval, encoder, seed).
+    row: the row (`experiment.spec.Row`: model, train, eval, encoder, seed).
     prepared: `data.pipeline.Prepared` (collection, embeddings, BM25 rankings).
     splitset: `data.pipeline.SplitSet`.
     workdir: checkpoints go to `workdir/checkpoints`, TensorBoard scalars to `workdir/tb`
@@ -136,44 +136,44 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared: pipeline.Pre
 
   Returns:
     {"metrics": test means, "per_query": ..., "dev": best dev metrics, "history", "best_step",
-     "mode", "params", "run", "temperature", "train_source", "ict_pairs"}.
+     "mode", "params", "module", "run", "temperature", "train_source", "ict_pairs"}.
   """
   emb = prepared.embeddings
-  module = scorers.from_config(config.model, prepared.dim)
+  module = scorers.from_config(row.model, prepared.dim)
   if aux_loss == "auto":
     aux_loss = losses.mi_loss(module) if hasattr(module, "mi_weight") else None
-  params = initial_params(module, config.seed, emb.docs)
-  tcfg, ecfg = config.train, config.eval
+  params = initial_params(module, row.seed, emb.docs)
+  tcfg, ecfg = row.train, row.eval
   doc_ids = prepared.collection.doc_ids
 
   def evaluate_on(split, p, measures, depth):
     rows = prepared.query_row_index(split.query_ids)
     cands = prepared.bm25_idx[rows][:, :ecfg.rerank_depth] if ecfg.mode == "rerank" else None
-    return ranking.evaluate_scorer(module, p, emb.queries[rows], emb.docs, split.query_ids,
+    return evaluate.evaluate_scorer(module, p, emb.queries[rows], emb.docs, split.query_ids,
                                    doc_ids, split.qrels, mode=ecfg.mode, depth=depth,
                                    candidates=cands, measures=measures)
 
   # Dev evaluations only need the depth of their measures (all @k), not the run's full depth.
-  dev_measures = sorted({tcfg.select_metric, "ndcg@10", "mrr@10"})
+  dev_measures = list(evaluate.dev_measures(tcfg.select_metric))
   dev_depth = (max(int(m.split("@")[1]) for m in dev_measures)
                if all("@" in m for m in dev_measures) else ecfg.depth)
   has_params = bool(jax.tree.leaves(params))
-  data = training_data(config, prepared, splitset) if has_params else None
-  evaluate = None
+  data = training_data(row, prepared, splitset) if has_params else None
+  on_dev = None
   if data is not None and data.source == "ict":
     if data.dev is not None:
       q_dev, d_dev, dev_ids, dev_qrels = data.dev
-      evaluate = lambda p: ranking.evaluate_scorer(
+      on_dev = lambda p: evaluate.evaluate_scorer(
           module, p, q_dev, d_dev, dev_ids, doc_ids, dev_qrels, mode="full", depth=dev_depth,
           measures=dev_measures)[0]["mean"]
   elif splitset.dev.query_ids:
-    evaluate = lambda p: evaluate_on(splitset.dev, p, dev_measures, dev_depth)[0]["mean"]
+    on_dev = lambda p: evaluate_on(splitset.dev, p, dev_measures, dev_depth)[0]["mean"]
   if has_params:
     if data.source == "ict" and int(tcfg.steps) == 0:
       tcfg = copy.deepcopy(tcfg)
       tcfg.epochs = int(tcfg.ict.epochs)
     result = trainer.fit(module, params, data.queries, data.docs, data.trainset, tcfg,
-                         config.seed, evaluate=evaluate,
+                         row.seed, evaluate=on_dev,
                          checkpoint_dir=os.path.join(workdir, "checkpoints") if workdir else None,
                          log_dir=(os.path.join(workdir, "tb")
                                   if workdir and tcfg.get("tensorboard", False) else None),
@@ -182,109 +182,50 @@ def train_and_evaluate(config: ml_collections.ConfigDict, prepared: pipeline.Pre
                                                result.temperature)
   else:
     history, best_step, temperature = [], 0, None
-  dev = evaluate(params) if evaluate is not None else {}
+  dev = on_dev(params) if on_dev is not None else {}
   metrics, run = evaluate_on(splitset.test, params, tuple(ecfg.measures), ecfg.depth)
   return {"metrics": metrics["mean"], "per_query": metrics["per_query"], "dev": dev,
           "history": history, "best_step": best_step, "mode": ecfg.mode, "params": params,
-          "run": run, "temperature": temperature,
+          "run": run, "temperature": temperature, "module": module,
           "train_source": tcfg.get("source", "qrels"),
           "ict_pairs": data.ict_pairs if data is not None else 0}
 
 
-def row_config(config: ml_collections.ConfigDict, spec: dict[str, Any], seed: int
-               ) -> ml_collections.ConfigDict:
-  """A copy of `config` for one table row `spec` ({"scorer", "rank", "residual"}, and the
-  training `source` when it is not "qrels") and `seed`."""
-  c = copy.deepcopy(config)
-  with c.unlocked():
-    c.seed = seed
-    c.model.scorer = spec["scorer"]
-    if spec["rank"] is not None:
-      c.model.rank = spec["rank"]
-      c.model.residual = spec["residual"]
-    if "source" in spec:
-      c.train.source = spec["source"]
-  return c
-
-
-def embedding_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-  """A copy of `config` with the encoder of embedding `name` (`defaults.embedding_spec`) and its
-  `train_overrides`."""
-  c = copy.deepcopy(config)
-  with c.unlocked():
-    for key, value in defaults.embedding_spec(name).items():
-      c.encoder[key] = value
-    for key, value in config.train_overrides.get(name, {}).items():
-      c.train[key] = value
-  return c
-
-
-def embeddings_of(config: ml_collections.ConfigDict):
-  """(name, `embedding_config(config, name)`, its `pipeline.Prepared`, splits) for each of
-  `config.embeddings`, lazily. The collection and BM25 do not depend on the encoder: they are
-  loaded once (`pipeline.prepare`) and only the embeddings are redone (`pipeline.reembed`)."""
-  prepared = None
-  for name in config.embeddings:
-    cfg = embedding_config(config, name)
-    prepared = (pipeline.prepare(cfg) if prepared is None
-                else pipeline.reembed(prepared, cfg.encoder))
-    yield name, cfg, prepared, pipeline.splits(prepared.collection, cfg.data, cfg.seed)[0]
-
-
-def unseen_doc_queries(collection, train_split: str, test: pipeline.Split) -> list[str]:
-  """Test queries none of whose relevant docs is relevant to any training query.
-
-  On SciFact most test claims cite abstracts that training claims cite too, so a learned
-  similarity can gain by learning which docs get cited; this subset shows the gain without it.
-  """
-  seen = {d for judged in collection.qrels[train_split].values()
-          for d, rel in judged.items() if rel > 0}
-  return [q for q in test.query_ids
-          if not any(rel > 0 and d in seen for d, rel in test.qrels[q].items())]
-
-
-def subset_mean(per_query: dict[str, dict[str, float]], qids: list[str], measure: str) -> float:
-  """Mean of `measure` over the queries `qids` of per-query metrics (nan when empty)."""
-  return float(np.mean([per_query[q][measure] for q in qids])) if qids else float("nan")
-
-
-def aggregate(outs: list[dict[str, float]], measures) -> tuple[dict, dict]:
-  """[{measure: value}] over seeds -> ({measure: mean}, {measure: std}); the sample std
-  (ddof = 1) over the seeds, 0 for a single seed."""
-  mean = {m: float(np.mean([o[m] for o in outs])) for m in measures}
-  std = {m: float(np.std([o[m] for o in outs], ddof=1)) if len(outs) > 1 else 0.0
-         for m in measures}
-  return mean, std
-
-
-def seed_mean(per_query: list[dict[str, dict[str, float]]], measure: str) -> dict[str, float]:
-  """One measure per query, averaged over seeds: [{qid: {measure: v}}] -> {qid: v}."""
-  return {q: float(np.mean([p[q][measure] for p in per_query])) for q in sorted(per_query[0])}
-
-
-def add_paired(rows: list[dict[str, Any]], per_query: list[dict[str, float]], baseline,
-               field: str, config) -> list[dict[str, Any]]:
-  """Adds `row[field]` = `eval.stats.paired(row's per-query values, its baseline's)` to every
-  row that has a baseline, then Holm-adjusts them together (`p_holm`).
+def train_token_model(setting, module, params, tcfg, seed: int,
+                      teacher: np.ndarray | None = None) -> trainer.FitResult:
+  """Fits a token scorer on the train split, selecting on dev re-ranking.
 
   Args:
-    rows: the rows.
-    per_query: [len(rows)] {qid: value} of each row (e.g. `seed_mean`).
-    baseline: row index -> the index of the row it is compared with, or None (no comparison).
-    field: where the comparison goes ("vs_dot", "vs_bm25").
-    config: has `seed` and `stats` (`defaults.stats_config()`).
+    setting: the re-ranking setting (`experiment.rerank.Setting`).
+    module, params: the token scorer and its initial params.
+    tcfg: its `train` block.
+    seed: the row's seed.
+    teacher: [Q_all, N] teacher scores (rows of `prepared.embeddings.query_ids`) for the
+      distillation losses, else None.
+  """
+  prepared = setting.prepared
+  ts, train_rows = pipeline.trainset(prepared, setting.splitset.train,
+                                     tcfg.hard_depth if tcfg.hard_negatives else 0)
+  measures = evaluate.dev_measures(tcfg.select_metric)
+  scorer = setting.eval_module(module)
+  on_dev = None
+  if setting.split("dev").query_ids:
+    on_dev = lambda p: setting.rerank("dev", scorer, p, setting.token_queries, setting.token_docs,
+                                      measures)[1]["mean"]
+  return trainer.fit(module, params, setting.token_queries(train_rows), setting.token_docs, ts,
+                     tcfg, seed, evaluate=on_dev, progress=False,
+                     teacher_scores=None if teacher is None else teacher[train_rows])
+
+
+def scorer_teacher(row: spec.Row, prepared: pipeline.Prepared, splitset: pipeline.SplitSet
+                   ) -> tuple[np.ndarray, Any, Any]:
+  """Trains the table scorer of `row` (`train_and_evaluate`) as a distillation teacher.
 
   Returns:
-    The comparisons (one family, Holm-adjusted).
+    ([Q_all, N] float32 teacher scores, module, params).
   """
-  family = []
-  for i, row in enumerate(rows):
-    j = baseline(i)
-    if j is None:
-      continue
-    row[field] = stats.paired(per_query[i], per_query[j], seed=config.seed,
-                              resamples=config.stats.resamples,
-                              bootstrap=config.stats.resamples, alpha=config.stats.alpha)
-    family.append(row[field])
-  stats.apply_holm(family)
-  return family
+  out = train_and_evaluate(row, prepared, splitset, progress=False)
+  module = scorers.from_config(row.model, prepared.dim)
+  emb = prepared.embeddings
+  return (teachers.scorer_teacher(module, out["params"], emb.queries, emb.docs), module,
+          out["params"])

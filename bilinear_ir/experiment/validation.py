@@ -1,4 +1,4 @@
-"""Checks of the shared config blocks, run by every job's `validate(config)` before any work.
+"""Checks of the config blocks, run by every job's `validate(config)` before any work.
 
 A bad value is an `InputError` naming the field (`config: field 'train.batch_size': must be an
 integer >= 1, got 0`), which `main` turns into exit code 2 and one line on stderr with nothing
@@ -26,8 +26,8 @@ from bilinear_ir.errors import input_error
 from bilinear_ir.errors import missing_extra
 from bilinear_ir.errors import require
 from bilinear_ir.eval import metrics
+from bilinear_ir.experiment import evaluate
 from bilinear_ir.retrieval import hybrid
-from bilinear_ir.retrieval import ranking
 from bilinear_ir.train import trainer
 
 
@@ -210,7 +210,7 @@ def check_source(config) -> None:
 
 def check_eval(c, prefix: str = "eval") -> None:
   """The `eval` block: mode, depths, measures."""
-  one_of(c.mode, ranking.MODES, f"{prefix}.mode")
+  one_of(c.mode, evaluate.MODES, f"{prefix}.mode")
   integer(c.depth, f"{prefix}.depth", 1)
   integer(c.rerank_depth, f"{prefix}.rerank_depth", 1)
   require(isinstance(c.measures, (tuple, list)) and len(c.measures) > 0,

@@ -1,0 +1,11 @@
+"""The experiment protocol, written once, between the jobs and the libraries below them.
+
+`spec` narrows a job's config into one typed row (`Row`) per table row and a `Recipe` per
+embedding; `training` trains and selects on dev (table scorers and token models alike);
+`evaluate` scores a ranking, a scorer or a dev-chosen hybrid; `rows` builds baseline rows, rows
+over seeds, the dev-selected learned row and its hybrid; `compare` adds paired comparisons
+against the baselines, Holm-adjusted per family; `rerank` is the re-ranking setting of late
+interaction; `validation` checks the config blocks before any work.
+
+Jobs say *what* runs (collections x embeddings x models x seeds); this package says *how*.
+"""

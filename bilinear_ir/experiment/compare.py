@@ -1,0 +1,58 @@
+"""Paired comparisons of a table's rows against its baselines, Holm-adjusted per named family.
+
+Every row is compared per query with the row of the same cell (e.g. the same embedding, or the
+same collection and embedding) whose name is a baseline ("dot", "bm25"): `eval.stats.paired`
+(randomization and t test, bootstrap CI, effect size), then Holm over the family of every
+comparison with that baseline (`add_paired`).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from bilinear_ir.eval import stats
+
+
+def against(rows: list[dict[str, Any]], baseline: str, cell: Sequence[str], name: str = "scorer",
+            enough: Callable[[int], bool] = lambda i: True) -> Callable[[int], int | None]:
+  """Row index -> the index of the row named `baseline` (`row[name]`) in the same cell (equal
+  `row[k]` for k in `cell`); None for the baseline itself and rows where `enough(i)` fails."""
+  index = {tuple(r[k] for k in cell): i for i, r in enumerate(rows) if r[name] == baseline}
+  return lambda i: (None if rows[i][name] == baseline or not enough(i)
+                    else index[tuple(rows[i][k] for k in cell)])
+
+
+def add_paired(rows: list[dict[str, Any]], per_query: list[dict[str, float]], baseline,
+               field: str, config) -> list[dict[str, Any]]:
+  """Adds `row[field]` = `eval.stats.paired(row's per-query values, its baseline's)` to every
+  row that has a baseline, then Holm-adjusts them together (`p_holm`): one family.
+
+  Args:
+    rows: the rows.
+    per_query: [len(rows)] {qid: value} of each row (e.g. `rows.seed_mean`).
+    baseline: row index -> the index of the row it is compared with, or None (no comparison),
+      e.g. `against(...)`.
+    field: where the comparison goes ("vs_dot", "vs_bm25").
+    config: has `seed` and `stats` (`defaults.stats_config()`).
+
+  Returns:
+    The comparisons (one family, Holm-adjusted).
+  """
+  family = []
+  for i, row in enumerate(rows):
+    j = baseline(i)
+    if j is None:
+      continue
+    row[field] = stats.paired(per_query[i], per_query[j], seed=config.seed,
+                              resamples=config.stats.resamples,
+                              bootstrap=config.stats.resamples, alpha=config.stats.alpha)
+    family.append(row[field])
+  stats.apply_holm(family)
+  return family
+
+
+def against_baselines(rows: list[dict[str, Any]], per_query: list[dict[str, float]],
+                      cell: Sequence[str], config, name: str = "scorer",
+                      baselines: Sequence[str] = ("dot", "bm25")) -> None:
+  """`row["vs_<baseline>"]` for every baseline, each baseline's comparisons one Holm family."""
+  for b in baselines:
+    add_paired(rows, per_query, against(rows, b, cell, name), f"vs_{b}", config)

@@ -1,0 +1,115 @@
+"""Evaluation of a ranking, a scorer or a sparse-dense hybrid: the protocol's one way to score.
+
+Two modes, and results say which: "full" ranks the whole corpus (`retrieval.ranking.score_topk`);
+"rerank" re-scores given candidates per query (`retrieval.ranking.rerank`, e.g. BM25's top 1,000,
+as the bilinear paper's public code does). A hybrid's lam is always chosen on dev (`tune_on_dev`).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from bilinear_ir.errors import require
+from bilinear_ir.eval import metrics as metrics_lib
+from bilinear_ir.retrieval import hybrid
+from bilinear_ir.retrieval import ranking
+
+MODES = ("full", "rerank")
+DEFAULT_MEASURES = ("ndcg@10", "mrr@10", "map", "recall@100")
+
+
+def dev_measures(select_metric: str) -> tuple[str, ...]:
+  """The measures a model is selected on: `select_metric`, ndcg@10 and mrr@10, sorted."""
+  return tuple(sorted({select_metric, "ndcg@10", "mrr@10"}))
+
+
+def evaluate_run(query_ids: Sequence[str], doc_ids: Sequence[str], idx: np.ndarray,
+                 scores: np.ndarray, qrels: dict[str, dict[str, int]],
+                 measures: Sequence[str] = DEFAULT_MEASURES) -> tuple[dict[str, Any], dict]:
+  """Turns top-k arrays into a run and evaluates it.
+
+  Args:
+    query_ids: [Q] ids of the rows of `idx`.
+    doc_ids: [N] ids of the doc rows.
+    idx, scores: [Q, k] from `score_topk` or `rerank` (-1 rows are dropped).
+    qrels: {qid: {doc_id: rel}} of the evaluated split.
+
+  Returns:
+    (metrics `{"mean": ..., "per_query": ...}` from `eval.metrics.evaluate`, run dict).
+  """
+  run = {}
+  for i, qid in enumerate(query_ids):
+    keep = idx[i] >= 0
+    run[qid] = {doc_ids[j]: float(s) for j, s in zip(idx[i][keep], scores[i][keep])}
+  return metrics_lib.evaluate(qrels, run, list(measures)), run
+
+
+def evaluate_scorer(module: nn.Module, params: Any, q_feats: Any, d_feats: Any,
+                    query_ids: Sequence[str], doc_ids: Sequence[str],
+                    qrels: dict[str, dict[str, int]], mode: str = "full", depth: int = 1000,
+                    candidates: np.ndarray | None = None,
+                    measures: Sequence[str] = DEFAULT_MEASURES) -> tuple[dict[str, Any], dict]:
+  """Ranks (full corpus or re-rank of `candidates`) and evaluates: (metrics, run)."""
+  require(mode in MODES, f"must be one of {MODES}, got {mode!r}", field="eval.mode")
+  if mode == "full":
+    idx, scores = ranking.score_topk(module, params, q_feats, d_feats, depth)
+  else:
+    require(candidates is not None, "rerank mode needs candidates", field="eval.mode")
+    idx, scores = ranking.rerank(module, params, q_feats, d_feats, candidates)
+  return evaluate_run(query_ids, doc_ids, idx, scores, qrels, measures)
+
+
+def evaluate_hybrid(module: nn.Module, params: Any, prepared, dev, test, cfg,
+                    measures: Sequence[str] = DEFAULT_MEASURES) -> tuple[dict[str, Any], float,
+                                                                         dict]:
+  """Hybrid of a trained dense scorer and BM25: lam tuned on `dev`, evaluated on `test`.
+
+  Args:
+    module, params: the dense scorer.
+    prepared: `data.pipeline.Prepared` (embeddings, BM25 rankings and model).
+    dev, test: `data.pipeline.Split`s.
+    cfg: `defaults.hybrid_config()`.
+
+  Returns:
+    (test metrics `{"mean", "per_query"}`, the chosen lam, the test run).
+  """
+  emb = prepared.embeddings
+  variables = {"params": params}
+  pair = jax.jit(lambda q, d: module.apply(variables, q, d, method=module.score_pairs))
+
+  def candidates(split):
+    rows = prepared.query_row_index(split.query_ids)
+    d_idx, d_scores = ranking.score_topk(module, params, emb.queries[rows], emb.docs, cfg.depth)
+    b_idx = prepared.bm25_idx[rows][:, :cfg.depth]
+    b_scores = prepared.bm25_scores[rows][:, :cfg.depth]
+    dense_fn = lambda qi, di: np.asarray(pair(emb.queries[rows[qi]], emb.docs[di]))
+    bm25_fn = lambda qi, di: prepared.bm25_pair_scores(rows[qi], di)
+    return hybrid.union_candidates(d_idx, d_scores, b_idx, b_scores, dense_fn, bm25_fn)
+
+  lam, ((idx, scores),) = tune_on_dev(candidates(dev), dev, [candidates(test)],
+                                      prepared.collection.doc_ids, cfg)
+  metrics, run = evaluate_run(test.query_ids, prepared.collection.doc_ids, idx, scores,
+                              test.qrels, measures)
+  return metrics, lam, run
+
+
+def tune_on_dev(dev_cands: hybrid.Candidates, dev, cands: Sequence[hybrid.Candidates],
+                doc_ids: Sequence[str], cfg) -> tuple[float, list[tuple[np.ndarray, np.ndarray]]]:
+  """The dev-chosen hybrid: lam tuned on the dev split's candidates, then every `cands` ranked.
+
+  Args:
+    dev_cands: the dev queries' `retrieval.hybrid.Candidates` [Q_dev, U].
+    dev: the dev `data.pipeline.Split` (query ids and qrels of those rows).
+    cands: the candidates [Q_s, U_s] of each split to rank.
+    doc_ids: [N] doc ids.
+    cfg: `defaults.hybrid_config()` (measure, grid, normalize).
+
+  Returns:
+    (lam, [(idx [Q_s, U_s], scores [Q_s, U_s])] per entry of `cands`).
+  """
+  lam, _ = hybrid.tune_lambda(dev_cands, dev.qrels, dev.query_ids, doc_ids, cfg.measure,
+                              tuple(cfg.grid), cfg.normalize)
+  return lam, [hybrid.rank_candidates(c, lam, cfg.normalize) for c in cands]

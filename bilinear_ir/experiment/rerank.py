@@ -1,0 +1,225 @@
+"""The re-ranking setting of late interaction (LITE paper 004): fixed candidates per query.
+
+Each dev and test query gets `rerank.bm25_depth` BM25 candidates plus `rerank.random_docs` docs
+drawn uniformly (from the config seed) among the rest of the corpus; judged positives are NOT
+added (`retrieval.candidates.rerank_candidates` never sees them). Every row of a table in this
+setting re-ranks the same candidates (`Setting.score`); a token row is built, trained with the
+protocol (`experiment.training.train_token_model`) and scored by `token_row`; the hybrid's lam is
+tuned on dev over the same candidates (`hybrid`); latencies are timed in turn (`time_in_turn`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bilinear_ir import scorers
+from bilinear_ir.data import embeddings as embeddings_lib
+from bilinear_ir.data import pipeline
+from bilinear_ir.experiment import evaluate
+from bilinear_ir.experiment import training
+from bilinear_ir.retrieval import candidates as candidates_lib
+from bilinear_ir.retrieval import hybrid as hybrid_lib
+from bilinear_ir.retrieval import latency
+from bilinear_ir.retrieval import ranking
+from bilinear_ir.scorers import token_interaction
+
+SPLITS = ("dev", "test")
+
+
+@dataclasses.dataclass
+class Scored:
+  """A dense system's re-ranking of the dev and test candidates.
+
+  Attributes:
+    run: {"dev", "test"} -> (idx [Q_s, K], scores [Q_s, K]) sorted.
+    dev: dev metrics; test: test metrics {"mean", "per_query"}.
+    latency_fn: the timed call of 1 query x `latency.docs` stored docs.
+    stored: (vectors, width) stored per doc.
+  """
+  run: dict[str, tuple[np.ndarray, np.ndarray]]
+  dev: dict[str, float]
+  test: dict[str, Any]
+  latency_fn: Callable[[], Any] | None = None
+  stored: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass
+class Setting:
+  """What every row of the table is evaluated on.
+
+  Attributes:
+    prepared: collection, pooled embeddings, BM25 rankings and model.
+    splitset: train / dev / test.
+    tokens: token-level embeddings (queries [Q, Tq, n], docs [N, Td, n], float16 + masks).
+    rows: {"dev", "test"} -> [Q_s] query rows (of `prepared.embeddings.query_ids`).
+    cands: {"dev", "test"} -> [Q_s, K] candidates (`candidates.rerank_candidates`).
+    bm25: {"dev", "test"} -> [Q_s, K] exact BM25 scores of the candidates.
+    measures: reported measures.
+  """
+  prepared: pipeline.Prepared
+  splitset: pipeline.SplitSet
+  tokens: embeddings_lib.TokenEmbeddings
+  rows: dict[str, np.ndarray]
+  cands: dict[str, np.ndarray]
+  bm25: dict[str, np.ndarray]
+  measures: tuple[str, ...]
+
+  def split(self, name: str) -> pipeline.Split:
+    return getattr(self.splitset, name)
+
+  def token_queries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([Q, Tq, n], [Q, Tq]) query tokens of query rows."""
+    return self.tokens.queries[rows], self.tokens.query_mask[rows]
+
+  @property
+  def token_docs(self) -> tuple[np.ndarray, np.ndarray]:
+    """([N, Td, n], [N, Td]) doc tokens."""
+    return self.tokens.docs, self.tokens.doc_mask
+
+  def pooled_queries(self, rows: np.ndarray) -> np.ndarray:
+    """[Q, n] pooled query embeddings of query rows."""
+    return self.prepared.embeddings.queries[rows]
+
+  def evaluate(self, split: str, idx: np.ndarray, scores: np.ndarray,
+               measures: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Metrics {"mean", "per_query"} of a sorted run [Q_s, K] of `split`."""
+    s = self.split(split)
+    return evaluate.evaluate_run(s.query_ids, self.prepared.collection.doc_ids, idx, scores,
+                                 s.qrels, measures or self.measures)[0]
+
+  def eval_module(self, module):
+    """The scorer for re-ranking: late-interaction scorers score all K candidates of a query in
+    one chunk (`doc_chunk = K`; [1, K, Tq, L2'] intermediates), training keeps the module's own."""
+    if isinstance(module, token_interaction.LateInteraction):
+      return module.clone(doc_chunk=int(self.cands["test"].shape[1]))
+    return module
+
+  def rerank(self, split: str, module, params, feats: Callable[[np.ndarray], Any], d_feats: Any,
+             measures: tuple[str, ...] | None = None) -> tuple[tuple, dict[str, Any]]:
+    """((idx, scores) [Q_s, K] sorted, metrics) of `split`'s candidates re-ranked by
+    (module, params); `feats`: query rows [Q] -> query features, `d_feats`: [N, ...]."""
+    idx, scores = ranking.rerank(module, params, feats(self.rows[split]), d_feats,
+                                 self.cands[split])
+    return (idx, scores), self.evaluate(split, idx, scores, measures)
+
+  def score(self, module, params, feats: Callable[[np.ndarray], Any], d_feats: Any,
+            latency_fn: Callable[[], Any] | None = None,
+            stored: tuple[int, int] | None = None) -> Scored:
+    """Re-ranks the dev and test candidates with (module, params) and evaluates them
+    (`latency_fn`, `stored`: kept in the result, see `Scored`)."""
+    run, metrics = {}, {}
+    for split in SPLITS:
+      run[split], metrics[split] = self.rerank(split, module, params, feats, d_feats)
+    return Scored(run, metrics["dev"]["mean"], metrics["test"], latency_fn, stored)
+
+
+def build_setting(config: ml_collections.ConfigDict) -> Setting:
+  """Loads the collection, pooled + token embeddings, BM25, splits and candidates (`data`,
+  `encoder`, `bm25`, `rerank`, `seed` and `eval.measures` of `config`)."""
+  prepared = pipeline.prepare(config)
+  splitset = pipeline.splits(prepared.collection, config.data, config.seed)[0]
+  enc = config.encoder
+  tokens = embeddings_lib.embed_collection_tokens(
+      prepared.collection, enc, query_max_length=int(enc.query_max_length),
+      doc_max_length=int(enc.doc_max_length) or None)
+  assert tokens.query_ids == prepared.embeddings.query_ids
+  rows, cands, bm25 = {}, {}, {}
+  for name in SPLITS:
+    r = prepared.query_row_index(getattr(splitset, name).query_ids)
+    c = candidates_lib.rerank_candidates(prepared.bm25_idx, r, prepared.collection.num_docs,
+                                         config.rerank.bm25_depth, config.rerank.random_docs,
+                                         config.seed)
+    safe = np.where(c < 0, 0, c)
+    b = prepared.bm25_pair_scores(np.repeat(r, c.shape[1]), safe.reshape(-1)).reshape(c.shape)
+    rows[name], cands[name], bm25[name] = r, c, np.where(c < 0, 0.0, b)
+  return Setting(prepared, splitset, tokens, rows, cands, bm25, tuple(config.eval.measures))
+
+
+def latency_inputs(setting: Setting, docs: int) -> tuple:
+  """(q [1, Tq, n], qm [1, Tq], d [K, Td, n], dm [K, Td], doc rows [K]): the first test query and
+  its first `docs` candidates (its BM25 top list)."""
+  r = setting.rows["test"][:1]
+  rows = setting.cands["test"][0][:docs]
+  rows = rows[rows >= 0]
+  q, qm = setting.token_queries(r)
+  d, dm = setting.token_docs
+  return (jnp.asarray(q), jnp.asarray(qm), jnp.asarray(d[rows]), jnp.asarray(dm[rows]), rows)
+
+
+def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple, dtype,
+              teacher: np.ndarray | None = None) -> tuple[Scored, dict[str, Any]]:
+  """Initialises (by `seed`), trains if it has params (`training.train_token_model` with the
+  `train` block `tcfg`) and scores one token row; its latency call scores `lat`
+  (`latency_inputs`) in `dtype`.
+
+  Returns:
+    (Scored, {"trained", "best_step", "history"[, "temperature", "params"]}).
+  """
+  params = jax.jit(lambda key: scorers.init_params(module, key))(jax.random.key(seed))
+  info = {"trained": bool(jax.tree.leaves(params)), "best_step": None, "history": []}
+  if info["trained"]:
+    fit = training.train_token_model(setting, module, params, tcfg, seed, teacher)
+    params = fit.params
+    info.update(best_step=fit.best_step, history=fit.history, temperature=fit.temperature,
+                params=int(sum(np.size(x) for x in jax.tree.leaves(params))))
+  q, qm, d, dm, _ = lat
+  case = latency.mebert_case if scorer == "mebert" else latency.late_case
+  lat_module = module if scorer == "mebert" else module.clone(doc_chunk=int(d.shape[0]))
+  fn, n_vec, width = case(lat_module, params, q, qm, d, dm, dtype)
+  scored = setting.score(setting.eval_module(module), params, setting.token_queries,
+                         setting.token_docs, fn, (n_vec, width))
+  return scored, info
+
+
+def hybrid(setting: Setting, scored: Scored, cfg, docs: np.ndarray
+           ) -> tuple[float, dict[str, dict[str, float]], Callable[[], Any]]:
+  """The dev-chosen hybrid of a dense row with BM25 over the same candidates.
+
+  Args:
+    scored: the dense row's re-ranking.
+    cfg: `defaults.hybrid_config()`.
+    docs: [K] doc rows of the latency call (`latency_inputs`).
+
+  Returns:
+    (lam, {"dev", "test"}: mean metrics, its timed call: the dense call, BM25 scores of the same
+    docs, the fusion).
+  """
+  prepared = setting.prepared
+
+  def candidates(split):
+    idx, scores = scored.run[split]
+    bm25_fn = lambda qi, di: prepared.bm25_pair_scores(setting.rows[split][qi], di)
+    missing = lambda qi, di: np.full(len(qi), np.nan)  # never called: both lists are complete
+    return hybrid_lib.union_candidates(idx, scores, setting.cands[split], setting.bm25[split],
+                                       missing, bm25_fn)
+
+  cands = {split: candidates(split) for split in SPLITS}
+  lam, ranked = evaluate.tune_on_dev(cands["dev"], setting.split("dev"),
+                                     [cands[s] for s in SPLITS], prepared.collection.doc_ids, cfg)
+  metrics = {s: setting.evaluate(s, *r)["mean"] for s, r in zip(SPLITS, ranked)}
+  q_row = setting.rows["test"][:1]
+
+  def call():
+    d = np.asarray(scored.latency_fn())[0][:len(docs)]
+    b = prepared.bm25_pair_scores(np.repeat(q_row, len(docs)), docs)
+    c = hybrid_lib.Candidates(np.sort(docs)[None], d[np.argsort(docs)][None].astype(np.float64),
+                              b[np.argsort(docs)][None])
+    return hybrid_lib.rank_candidates(c, lam, cfg.normalize)
+
+  return lam, metrics, call
+
+
+def time_in_turn(calls: dict[str, Callable[[], Any]], rounds: int, repeats: int
+                 ) -> dict[str, float]:
+  """{label: ms}: every call timed `repeats` times (`retrieval.latency.timed`) in turn, `rounds`
+  times (so load drift hits all alike); the median over rounds of each round's median."""
+  times = {label: [] for label in calls}
+  for _ in range(int(rounds)):
+    for label, call in calls.items():
+      times[label].append(latency.timed(call, int(repeats)))
+  return {label: float(np.median(t)) for label, t in times.items()}
