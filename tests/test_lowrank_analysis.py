@@ -13,8 +13,9 @@ import pytest
 from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
-from bilinear_ir.jobs import lowrank_analysis
 from bilinear_ir.experiment import evaluate
+from bilinear_ir.experiment import truncation
+from bilinear_ir.jobs import lowrank_analysis
 from conftest import REPO, random_prepared, write_beir
 
 DIM = 12
@@ -130,9 +131,9 @@ def small(tmp_path_factory):
 def test_analyze_matches_dense_truncation_and_counts_checks(small):
   cfg, prepared, splitset = small
   W = _decaying(5, DIM, 0.85) + 0.3 * np.eye(DIM, dtype=np.float32)
-  ranks = lowrank_analysis.evaluated_ranks((1, 3, 6, 50), DIM)
+  ranks = truncation.evaluated_ranks((1, 3, 6, 50), DIM)
   assert ranks == [1, 3, 6, DIM]
-  out = lowrank_analysis.analyze(W, prepared, splitset, cfg, ranks, seed=0)
+  out = truncation.analyze(W, prepared, splitset, cfg, ranks, seed=0)
   emb, measures = prepared.embeddings, tuple(cfg.eval.measures)
   n_test = len(splitset.test.query_ids)
   assert out["pairs"] == n_test * 10

@@ -52,7 +52,8 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   outs, models = [], {}
   for s in sets:
     sub = s.name if len(sets) > 1 else ""
-    outs.append(training.train_and_evaluate(spec.Row.of(config), prepared, s, os.path.join(workdir, sub)))
+    outs.append(training.train_and_evaluate(spec.Row.of(config), prepared, s,
+                                            os.path.join(workdir, sub)))
     models[os.path.join(sub, "model")] = functools.partial(
         saved_model.save_model, module=module, params=outs[-1]["params"], embedding=embedding,
         extra={"collection": prepared.collection.name, "seed": int(config.seed)})
