@@ -3,7 +3,7 @@
 The one module `configs/*.py` import besides `ml_collections`: it imports neither jax nor flax,
 so loading a config is cheap. A config file is a `get_config(arg)` that calls `parse_args(arg,
 {...})` for its `:k=v,...` arguments and assembles the blocks below; jobs validate the result
-(`bilinear_ir/jobs/validation.py`) before any work starts.
+(`bilinear_ir/experiment/validation.py`) before any work starts.
 
     c.data = defaults.data_config()      # which collection, splits, folds
     c.encoder = defaults.encoder_config()  # the frozen encoder and its cache

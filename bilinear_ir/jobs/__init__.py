@@ -1,10 +1,11 @@
 """The jobs: one module per `config.job`, each with `validate(config)` and
 `run(config, workdir) -> report.Report`.
 
-Jobs compose the libraries below them (data, train, retrieval, fidelity, synthetic, scorers,
-eval); a job never imports another job. What several jobs share sits in modules of its own:
-`common` (the training protocol and table rows), `validation` (config checks), `report` (what a
-job returns and how `main` writes it).
+A job says *what* runs (collections x embeddings x models x seeds) and reports it; *how* is the
+experiment protocol's (`bilinear_ir.experiment`: training with dev selection, rows, comparisons,
+evaluation, config checks) and the libraries' below it. A job never imports another job. What
+the jobs share besides: `report` (what a job returns, how `main` writes it, and `prose`, which
+fills the fixed text of `templates/<job>.md`).
 """
 from __future__ import annotations
 

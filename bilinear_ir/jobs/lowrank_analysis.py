@@ -129,6 +129,10 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
                        figures=figures(results, config))
 
 
+def _fmt_g(x: float | None) -> str:
+  return report.fmt(x, 3, "g")
+
+
 def _pct(x: float | None) -> str:
   return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -181,10 +185,6 @@ def markdown(results: dict[str, Any], config) -> str:
   return "".join(out)
 
 
-def _g(x: float | None) -> str:
-  return "-" if x is None else f"{x:.3g}"
-
-
 def _share_at(e: dict[str, Any], rank: int, measure: str) -> float | None:
   row = next((r for r in e["by_rank"] if r["rank"] == rank), None)
   return None if row is None else row["share_of_full_by_measure"][measure]
@@ -221,7 +221,7 @@ def findings(results: dict[str, Any], config) -> str:
     wr = e["witness_error_over_bound_range"]
     lines.append(report.prose(
         JOB, "bullet", emb=emb, best_steps=e["best_steps"], distance=e["distance_from_identity"],
-        first=s[0], last=s[-1], orders=_g(e["spectrum_decay_orders"]),
+        first=s[0], last=s[-1], orders=_fmt_g(e["spectrum_decay_orders"]),
         paper_first=PAPER["sigma_first"], paper_last=PAPER["sigma_last"],
         median=float(np.median(s)), e50=by_energy[0.5], e90=by_energy[0.9],
         e99=by_energy[0.99], n=n, shares=shares, m0=m0,
@@ -235,8 +235,9 @@ def findings(results: dict[str, Any], config) -> str:
             compression=n / reach["rank"]).rstrip("\n"),
         checks=e["pointwise_checks"], pairs=e["pointwise_pairs"], n_ranks=len(e["by_rank"]),
         violations=e["pointwise_violations"], max_ratio=e["max_error_over_bound"],
-        mean_ratio=_g(e["mean_error_over_bound"]), mean_top=_g(e["mean_error_over_bound_top"]),
-        mean_random=_g(e["mean_error_over_bound_random"]),
+        mean_ratio=_fmt_g(e["mean_error_over_bound"]),
+        mean_top=_fmt_g(e["mean_error_over_bound_top"]),
+        mean_random=_fmt_g(e["mean_error_over_bound_random"]),
         mean_pct=_pct(e["mean_error_over_bound"]),
         witness="-" if wr is None else f"{wr[0]:.7f} to {wr[1]:.7f}"))
   lines.append("\n" + report.prose(

@@ -94,7 +94,7 @@ def _figure(samples: dict[str, np.ndarray]):
   return fig
 
 
-def _pct(row: dict[str, Any]) -> str:
+def _success(row: dict[str, Any]) -> str:
   lo, hi = row["ci95"]
   return f"{100 * row['success']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
@@ -210,7 +210,7 @@ def _markdown(config: ml_collections.ConfigDict, rows: dict[str, dict[str, Any]]
   for name, r in rows.items():
     if "evaluated_on" in r:
       continue
-    main_rows.append([f"`{name}`", r.get("model", ""), r.get("trained_on", ""), _pct(r), r["n"],
+    main_rows.append([f"`{name}`", r.get("model", ""), r.get("trained_on", ""), _success(r), r["n"],
                       r["mean_agreeing"], r["mean_disagreeing"],
                       (f"{100 * r['exhaustive_success']:.1f}%" if "exhaustive_success" in r
                        else None),
@@ -223,8 +223,8 @@ def _markdown(config: ml_collections.ConfigDict, rows: dict[str, dict[str, Any]]
     if r.get("evaluated_on") != "own I0":
       continue
     other = rows[name[:-len("_own")] + "_other"]
-    fixed_rows.append([f"`{name[:-len('_own')]}`", r.get("model", ""), r["trained_on"], _pct(r),
-                       _pct(other)])
+    fixed_rows.append([f"`{name[:-len('_own')]}`", r.get("model", ""), r["trained_on"], _success(r),
+                       _success(other)])
   fixed = markdown_table(fixed_rows, ["model", "scorer", "trained on", "own I0 [95% CI]",
                                       "other I0s [95% CI]"])
   lp_rows = [[m, "yes" if lp["wdp"][m] else "no", "yes" if lp["bilinear"][m] else "no"]
