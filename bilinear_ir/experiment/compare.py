@@ -56,3 +56,46 @@ def against_baselines(rows: list[dict[str, Any]], per_query: list[dict[str, floa
   """`row["vs_<baseline>"]` for every baseline, each baseline's comparisons one Holm family."""
   for b in baselines:
     add_paired(rows, per_query, against(rows, b, cell, name), f"vs_{b}", config)
+
+
+def pooled(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> list[dict]:
+  """Per (embedding, model): the unseen-doc queries of every collection (`unseen`: collection ->
+  query ids), tested together against dot (`row["per_query"]`: {qid: value}); one Holm family.
+
+  Returns:
+    [{"embedding", "model", "n_queries", "collections"[, "vs_dot"]}].
+  """
+  out, firsts, seconds = [], [], []
+  dots = {(r["collection"], r["embedding"]): r for r in rows if r["model"] == "dot"}
+  groups: dict[tuple[str, str], list[dict]] = {}
+  for r in rows:
+    if r["model"] != "dot":
+      groups.setdefault((r["embedding"], r["model"]), []).append(r)
+  for (emb, model), members in groups.items():
+    a, b = {}, {}
+    for r in members:
+      for q in unseen[r["collection"]]:
+        a[f"{r['collection']}/{q}"] = r["per_query"][q]
+        b[f"{r['collection']}/{q}"] = dots[r["collection"], emb]["per_query"][q]
+    entry = {"embedding": emb, "model": model, "n_queries": len(a),
+             "collections": sorted({r["collection"] for r in members})}
+    out.append(entry)
+    firsts.append(a)
+    seconds.append(b)
+  add_paired(out + [{} for _ in out], firsts + seconds,
+                    lambda i: i + len(out) if i < len(out) and len(firsts[i]) >= 2 else None,
+                    "vs_dot", config)
+  return out
+
+
+def tally(rows: list[dict[str, Any]], alpha: float) -> dict[str, dict[str, int]]:
+  """Per model (`row["model"]`): in how many cells it is significantly better / tied / worse
+  than dot (`row["vs_dot"]`, Holm-adjusted)."""
+  out: dict[str, dict[str, int]] = {}
+  for r in rows:
+    if "vs_dot" not in r:
+      continue
+    mark = stats.mark(r["vs_dot"], alpha)
+    counts = out.setdefault(r["model"], {"better": 0, "tied": 0, "worse": 0})
+    counts[{stats.GAIN: "better", stats.LOSS: "worse"}.get(mark, "tied")] += 1
+  return out

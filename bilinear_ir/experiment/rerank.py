@@ -5,7 +5,8 @@ drawn uniformly (from the config seed) among the rest of the corpus; judged posi
 added (`retrieval.candidates.rerank_candidates` never sees them). Every row of a table in this
 setting re-ranks the same candidates (`Setting.score`); a token row is built, trained with the
 protocol (`experiment.training.train_token_model`) and scored by `token_row`; the hybrid's lam is
-tuned on dev over the same candidates (`hybrid`); latencies are timed in turn (`time_in_turn`).
+tuned on dev over the same candidates (`hybrid`); `teachers` gives the references and the
+distillation teachers; latencies are timed in turn (`time_in_turn`).
 """
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ from bilinear_ir import scorers
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import evaluate
+from bilinear_ir.experiment import rows as rows_lib
+from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.retrieval import candidates as candidates_lib
 from bilinear_ir.retrieval import hybrid as hybrid_lib
 from bilinear_ir.retrieval import latency
 from bilinear_ir.retrieval import ranking
 from bilinear_ir.scorers import token_interaction
+from bilinear_ir.train import teachers as teachers_lib
 
 SPLITS = ("dev", "test")
 
@@ -212,6 +216,44 @@ def hybrid(setting: Setting, scored: Scored, cfg, docs: np.ndarray
     return hybrid_lib.rank_candidates(c, lam, cfg.normalize)
 
   return lam, metrics, call
+
+
+def teachers(setting: Setting, config: ml_collections.ConfigDict
+             ) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray], str | None]:
+  """The references and distillation teachers: BM25's own order of the candidates, and, when
+  `config.distill` distils, the table scorer `config.teacher` (model, train) trained on the
+  pooled embeddings (`training.scorer_teacher`).
+
+  Returns:
+    ({name: {"metrics", "dev"[, "model"]}} of each reference, {name: [Q_all, N] teacher scores},
+     the teacher used: `distill.teacher`, or for "best" the one best on dev; None without
+     distillation).
+  """
+  prepared = setting.prepared
+  refs = {"bm25": {"metrics": {}, "dev": {}}}
+  for split in SPLITS:
+    idx, scores = ranking.sort_candidates(setting.cands[split], setting.bm25[split])
+    refs["bm25"]["metrics" if split == "test" else "dev"] = setting.evaluate(split, idx,
+                                                                             scores)["mean"]
+  out = {}
+  distill = config.distill
+  if distill.scorers and distill.losses:
+    if distill.teacher in ("bilinear", "best"):
+      scores, module, params = training.scorer_teacher(
+          spec_lib.Row(config.teacher.model, config.teacher.train, config.eval, config.encoder,
+                       config.seed), prepared, setting.splitset)
+      out["bilinear"] = scores
+      scored = setting.score(module, params, setting.pooled_queries, prepared.embeddings.docs)
+      refs["bilinear"] = {"metrics": scored.test["mean"], "dev": scored.dev,
+                          "model": config.teacher.model.scorer}
+    if distill.teacher in ("bm25", "best"):
+      out["bm25"] = teachers_lib.bm25_teacher(prepared)
+  name = None
+  if out:
+    sel = config.train.select_metric
+    name = (distill.teacher if distill.teacher != "best" else
+            rows_lib.best_on_dev(list(out), lambda t: refs[t]["dev"].get(sel)))
+  return refs, out, name
 
 
 def time_in_turn(calls: dict[str, Callable[[], Any]], rounds: int, repeats: int

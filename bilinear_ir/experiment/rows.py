@@ -53,6 +53,13 @@ def seed_mean(per_query: list[dict[str, dict[str, float]]], measure: str) -> dic
   return {q: float(np.mean([p[q][measure] for p in per_query])) for q in sorted(per_query[0])}
 
 
+def query_means(per_query_metrics: list[dict[str, dict[str, float]]], measures) -> dict[str, float]:
+  """Mean over queries of the seed-mean of each measure."""
+  qids = sorted(per_query_metrics[0])
+  return {m: float(np.mean([np.mean([o[q][m] for o in per_query_metrics]) for q in qids]))
+          for m in measures}
+
+
 def dev_mean(outs: list[dict[str, Any]], sel: str) -> float | None:
   """Mean dev metric `sel` over seeds; None without a dev split (`data.dev_fraction = 0`)."""
   vals = [o["dev"].get(sel) for o in outs]

@@ -46,13 +46,10 @@ from bilinear_ir import scorers
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import rerank
 from bilinear_ir.experiment import rows as rows_lib
-from bilinear_ir.experiment import spec as spec_lib
-from bilinear_ir.experiment import training
 from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
 from bilinear_ir.retrieval import candidates as candidates_lib
 from bilinear_ir.retrieval import latency
-from bilinear_ir.retrieval import ranking
 from bilinear_ir.scorers import multivector
 from bilinear_ir.train import teachers as teacher_lib
 from bilinear_ir.train import trainer
@@ -161,29 +158,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
                                     teacher)
     return scored, {"scorer": scorer, **info}
 
-  # References and teachers: BM25's own order of the candidates, the trained bilinear.
-  teachers = {"bm25": {"metrics": {}, "dev": {}}}
-  for split in rerank.SPLITS:
-    idx, scores = ranking.sort_candidates(setting.cands[split], setting.bm25[split])
-    m = setting.evaluate(split, idx, scores)["mean"]
-    teachers["bm25"]["metrics" if split == "test" else "dev"] = m
-  teacher_scores = {}
-  if config.distill.scorers and config.distill.losses:
-    if config.distill.teacher in ("bilinear", "best"):
-      scores, module, params = training.scorer_teacher(
-          spec_lib.Row(config.teacher.model, config.teacher.train, config.eval, config.encoder,
-                       config.seed), prepared, setting.splitset)
-      teacher_scores["bilinear"] = scores
-      scored = setting.score(module, params, setting.pooled_queries, emb.docs)
-      teachers["bilinear"] = {"metrics": scored.test["mean"], "dev": scored.dev,
-                              "model": config.teacher.model.scorer}
-    if config.distill.teacher in ("bm25", "best"):
-      teacher_scores["bm25"] = teacher_lib.bm25_teacher(prepared)
-  teacher_name = None
-  if teacher_scores:
-    teacher_name = (config.distill.teacher if config.distill.teacher != "best" else
-                    max(teacher_scores, key=lambda t: teachers[t]["dev"][sel]))
-
+  teachers, teacher_scores, teacher_name = rerank.teachers(setting, config)
   work = [r for r in config.rows if r != "hybrid"]
   total = len(work) + len(config.distill.scorers) * len(config.distill.losses)
   bar = progress.bar(total, "rows", unit="row")
@@ -280,16 +255,13 @@ def markdown(results: dict[str, Any], config) -> str:
   tok = results["tokens"]
   out = [f"# Late interaction on {results['collection']}: frozen encoder, re-ranking "
          f"(LITE paper A.4 setting)\n\n",
-         f"{results['test_queries']} test queries; per query {cand['bm25_depth']} BM25 "
-         f"candidates + up to {cand['random_docs']} random docs (seed {config.seed}). Judged "
-         f"positives are **not** injected (the paper adds them): a positive is a candidate "
-         f"only if retrieved, so {cand['recall']['test']:.3f} of the test positives are "
-         f"reachable. Tokens: Tq = {tok['query_len']}, Td = {tok['doc_len']} "
-         f"({tok['doc_tokens_truncated']:.0%} of docs fill all Td slots, i.e. are cut), "
-         f"n = {tok['dim']}; DE uses the pooled mean embedding of the first "
-         f"{tok['pooled_max_length']} tokens. Storage in {results['storage_dtype']}; latency = "
-         f"median ms to score 1 query x {config.latency.docs} stored docs (query encoder "
-         f"excluded), {results['hardware']}.\n\n"]
+         report.prose("late_interaction", "intro", test_queries=results["test_queries"],
+                      bm25_depth=cand["bm25_depth"], random_docs=cand["random_docs"],
+                      seed=config.seed, recall=cand["recall"]["test"],
+                      query_len=tok["query_len"], doc_len=tok["doc_len"],
+                      truncated=tok["doc_tokens_truncated"], dim=tok["dim"],
+                      pooled=tok["pooled_max_length"], dtype=results["storage_dtype"],
+                      docs=config.latency.docs, hardware=results["hardware"]) + "\n"]
   table = []
   for r in results["rows"]:
     table.append([r["row"], "yes" if r.get("trained") else "no", r.get("loss") or "-"]

@@ -97,13 +97,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
             "encoder.kind 'flax'", field="ict_rows")
 
 
-def _means(per_query_metrics: list[dict[str, dict[str, float]]], measures) -> dict[str, float]:
-  """Mean over queries of the seed-mean of each measure."""
-  qids = sorted(per_query_metrics[0])
-  return {m: float(np.mean([np.mean([o[q][m] for o in per_query_metrics]) for q in qids]))
-          for m in measures}
-
-
 def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str], str]:
   """Every row of one collection: (rows, unseen-doc query ids, collection name)."""
   measures = list(config.eval.measures)
@@ -154,7 +147,7 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
 
     for name, outs in per_query.items():
       row = {"collection": coll.name, "embedding": recipe.name, "model": name,
-             "metrics": _means(outs, measures), "n_queries": len(outs[0]),
+             "metrics": rows_lib.query_means(outs, measures), "n_queries": len(outs[0]),
              "seeds": len(outs), "per_query": rows_lib.seed_mean(outs, m0),
              "folds": len(splitsets) if len(splitsets) > 1 else 0}
       if name == "learned":
@@ -178,44 +171,6 @@ def _compare(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -
     r["unseen_doc"] = h
 
 
-def _pooled(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> list[dict]:
-  """Per (embedding, model): the unseen-doc queries of every collection, tested together."""
-  out, firsts, seconds = [], [], []
-  dots = {(r["collection"], r["embedding"]): r for r in rows if r["model"] == "dot"}
-  groups: dict[tuple[str, str], list[dict]] = {}
-  for r in rows:
-    if r["model"] != "dot":
-      groups.setdefault((r["embedding"], r["model"]), []).append(r)
-  for (emb, model), members in groups.items():
-    a, b = {}, {}
-    for r in members:
-      for q in unseen[r["collection"]]:
-        a[f"{r['collection']}/{q}"] = r["per_query"][q]
-        b[f"{r['collection']}/{q}"] = dots[r["collection"], emb]["per_query"][q]
-    entry = {"embedding": emb, "model": model, "n_queries": len(a),
-             "collections": sorted({r["collection"] for r in members})}
-    out.append(entry)
-    firsts.append(a)
-    seconds.append(b)
-  compare.add_paired(out + [{} for _ in out], firsts + seconds,
-                    lambda i: i + len(out) if i < len(out) and len(firsts[i]) >= 2 else None,
-                    "vs_dot", config)
-  return out
-
-
-def _summary(rows: list[dict[str, Any]], alpha: float) -> dict[str, dict[str, int]]:
-  """Per model: on how many collection x embedding it is significantly better / tied / worse
-  than dot (Holm-adjusted)."""
-  out: dict[str, dict[str, int]] = {}
-  for r in rows:
-    if "vs_dot" not in r:
-      continue
-    mark = stats.mark(r["vs_dot"], alpha)
-    counts = out.setdefault(r["model"], {"better": 0, "tied": 0, "worse": 0})
-    counts[{stats.GAIN: "better", stats.LOSS: "worse"}.get(mark, "tied")] += 1
-  return out
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # pylint: disable=unused-argument
   """The `study` job (configs/study.py)."""
   rows, unseen, names = [], {}, []
@@ -226,8 +181,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # py
     rows += coll_rows
     unseen[name] = coll_unseen
   _compare(rows, unseen, config)
-  pooled = _pooled(rows, unseen, config)
-  summary = _summary(rows, config.stats.alpha)
+  pooled = compare.pooled(rows, unseen, config)
+  summary = compare.tally(rows, config.stats.alpha)
   results = {"rows": rows, "unseen_doc": unseen, "pooled_unseen_doc": pooled,
              "summary": summary, "measure": config.eval.measures[0],
              "seeds": list(config.seeds), "folds": int(config.folds),
@@ -242,10 +197,7 @@ def markdown(results: dict[str, Any], config) -> str:
   """The study table per collection and embedding, the pooled unseen-doc view, the summary."""
   m0, alpha = results["measure"], config.stats.alpha
   out = ["# Where does a learned similarity beat the dot product?\n\n",
-         f"{m0} per query, mean over {len(results['seeds'])} seed(s); differences against dot "
-         f"and BM25 with a 95% bootstrap CI and the Holm-adjusted randomization p-value "
-         f"(+ / \u2212: significant gain / loss at {alpha}). Models are selected on dev (step 0, "
-         "the dot product, included); `learned` is the dev-selected one per fold and seed.\n"]
+         report.prose("study", "intro", m0=m0, seeds=len(results["seeds"]), alpha=alpha)]
   rows = results["rows"]
   seen = []
   for r in rows:
