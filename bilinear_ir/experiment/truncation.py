@@ -17,7 +17,7 @@ import numpy as np
 from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
-from bilinear_ir.experiment import evaluate
+from bilinear_ir.experiment import evaluate as evaluate_lib
 from bilinear_ir.retrieval import ranking
 
 
@@ -60,9 +60,9 @@ def analyze(W: np.ndarray, prepared: pipeline.Prepared, splitset: pipeline.Split
 
   def evaluate(module, params, split):
     rows = prepared.query_row_index(split.query_ids)
-    metrics, _ = evaluate.evaluate_scorer(module, params, emb.queries[rows], emb.docs,
-                                          split.query_ids, doc_ids, split.qrels, mode="full",
-                                          depth=config.eval.depth, measures=measures)
+    metrics, _ = evaluate_lib.evaluate_scorer(module, params, emb.queries[rows], emb.docs,
+                                              split.query_ids, doc_ids, split.qrels, mode="full",
+                                              depth=config.eval.depth, measures=measures)
     return metrics["mean"]
 
   full_module, full_params = scorers.build("bilinear", dim=n), {"W": jnp.asarray(W)}
