@@ -122,6 +122,23 @@ class Setting:
     return Scored(run, metrics["dev"]["mean"], metrics["test"], latency_fn, stored)
 
 
+  def describe(self, rerank_cfg, query_len: int, doc_len: int) -> dict[str, Any]:
+    """The setting as results state it: {"candidates": how they were drawn and the share of
+    each split's judged positives among them (`candidates.candidate_recall`), "tokens": Tq, Td,
+    the pooled embeddings' max length, n, the share of docs filling all Td slots (cut)}."""
+    doc_ids = self.prepared.collection.doc_ids
+    return {
+        "candidates": {"bm25_depth": int(rerank_cfg.bm25_depth),
+                       "random_docs": int(rerank_cfg.random_docs), "positives_injected": False,
+                       "recall": {s: candidates_lib.candidate_recall(
+                           self.cands[s], self.split(s).query_ids, doc_ids, self.split(s).qrels)
+                                  for s in SPLITS}},
+        "tokens": {"query_len": query_len, "doc_len": doc_len,
+                   "pooled_max_length": self.prepared.embeddings.manifest["settings"]["max_length"],
+                   "dim": int(self.tokens.docs.shape[-1]),
+                   "doc_tokens_truncated": float(np.mean(self.tokens.doc_mask[:, -1]))}}
+
+
 def build_setting(config: ml_collections.ConfigDict) -> Setting:
   """Loads the collection, pooled + token embeddings, BM25, splits and candidates (`data`,
   `encoder`, `bm25`, `rerank`, `seed` and `eval.measures` of `config`)."""

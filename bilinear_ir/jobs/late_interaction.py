@@ -39,7 +39,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from bilinear_ir import progress
 from bilinear_ir import scorers
@@ -48,7 +47,6 @@ from bilinear_ir.experiment import rerank
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
-from bilinear_ir.retrieval import candidates as candidates_lib
 from bilinear_ir.retrieval import latency
 from bilinear_ir.scorers import multivector
 from bilinear_ir.train import teachers as teacher_lib
@@ -206,25 +204,10 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       "rows": rows, "teachers": teachers, "teacher": teacher_name,
       "collection": prepared.collection.name,
       "test_queries": len(setting.splitset.test.query_ids),
-      "candidates": {"bm25_depth": int(config.rerank.bm25_depth),
-                     "random_docs": int(config.rerank.random_docs),
-                     "positives_injected": False,
-                     "recall": {s: candidates_lib.candidate_recall(
-                         setting.cands[s], setting.split(s).query_ids,
-                         prepared.collection.doc_ids, setting.split(s).qrels)
-                                for s in rerank.SPLITS}},
-      "tokens": {"query_len": int(config.encoder.query_max_length), "doc_len": _doc_len(config),
-                 "pooled_max_length": prepared.embeddings.manifest["settings"]["max_length"],
-                 "dim": int(setting.tokens.docs.shape[-1]),
-                 "doc_tokens_truncated": _truncated_share(setting.tokens.doc_mask)},
+      **setting.describe(config.rerank, int(config.encoder.query_max_length), _doc_len(config)),
       "storage": storage, "storage_dtype": str(dtype.name), "hardware": latency.hardware(),
   }
   return report.Report(results=results, markdown=markdown(results, config))
-
-
-def _truncated_share(mask: np.ndarray) -> float:
-  """Share of docs whose last token slot is used (so the text was probably cut): [N, Td] -> ."""
-  return float(np.mean(mask[:, -1]))
 
 
 def hybrid_row(setting: rerank.Setting, config, rows: list[dict[str, Any]],
