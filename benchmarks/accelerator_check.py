@@ -11,7 +11,7 @@ so a GPU / TPU run ends within 8 minutes including start-up), its output in `OUT
 and the check goes on. At the end `OUT/summary.json` and `OUT/summary.md` list the device, each
 step's status and time, the tests' pass/fail counts and the benchmarks' headline numbers (for the
 top-k scans: achieved GFLOP/s and table bandwidth as fractions of the device's peaks, measured in
-the same run and, for known cards, from the data-sheet table of `latency.KNOWN_PEAKS`).
+the same run and, for known cards, from the data-sheet table of `timing.KNOWN_PEAKS`).
 
 Steps:
   device        device name, count, measured and data-sheet peaks (`OUT/device.json`).
@@ -52,13 +52,13 @@ DEVICE_SCRIPT = r"""
 import json, sys
 import jax
 from bilinear_ir import allocator
-from bilinear_ir.retrieval import latency
+from bilinear_ir import timing
 allocator.keep_freed_memory()  # as the benchmarks run
 dev = jax.devices()[0]
-peaks = {"measured": latency.measure_peaks(), "table": latency.known_peaks()}
+peaks = {"measured": timing.measure_peaks(), "table": timing.known_peaks()}
 out = {"platform": dev.platform, "device_kind": dev.device_kind,
        "device_count": jax.device_count(), "jax": jax.__version__,
-       "hardware": latency.hardware(), "peaks": peaks, "peaks_line": latency.peaks_line(peaks)}
+       "hardware": timing.hardware(), "peaks": peaks, "peaks_line": timing.peaks_line(peaks)}
 json.dump(out, open(sys.argv[1], "w"), indent=2)
 print(json.dumps(out, indent=2))
 """

@@ -8,7 +8,7 @@ OpenBLAS's own detection (SkylakeX kernels). A numpy peer must run at its best, 
 `choose_numpy_coretype()` times numpy's GEMM in a subprocess per candidate (the inherited value,
 unset, `CANDIDATES`) and sets the fastest in `os.environ` when it beats the inherited one by more
 than 5%, before this process imports numpy. `NUMPY_BLAS` records the probes; the hardware line
-(`latency.hardware`) names the core type numpy's OpenBLAS actually loaded.
+(`timing.hardware`) names the core type numpy's OpenBLAS actually loaded.
 """
 import json
 import os

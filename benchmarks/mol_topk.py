@@ -9,7 +9,7 @@ and `--batch` report queries. The whole grid of configurations (TopKPerEmbd(N), 
 CombTopK(N1, N2)) runs on the selection queries (printed as such); per algorithm, the fastest
 configuration reaching relative HR@100 >= `--target` there is chosen, and only the chosen ones
 are then measured on the report queries: their hit rates, and their latency timed interleaved
-with brute force (`latency.timed_interleaved`, rounds in rotating order, medians), so the reported
+with brute force (`timing.timed_interleaved`, rounds in rotating order, medians), so the reported
 numbers are not the ones N was picked on and a drifting machine favours neither side.
 
 Synthetic MoL (not real data: a documented generator, every draw from `--seed`):
@@ -44,7 +44,7 @@ import numpy as np
 from bilinear_ir import allocator, files, scorers
 from bilinear_ir.retrieval import mol_topk
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
-from bilinear_ir.retrieval import latency
+from bilinear_ir import timing
 
 HR_AT = (1, 10, 50, 100)
 
@@ -84,7 +84,7 @@ def synthetic(items: int, p_q: int, p_x: int, d_p: int, batch: int, seed: int,
 def timed(fn, repeats: int) -> tuple[mol_topk.MolTopK, float]:
   """Result of `fn()` (the warm-up call) and the median latency in ms of `repeats` warm runs."""
   out = jax.block_until_ready(fn())
-  return out, latency.timed(fn, repeats, warmup=0)
+  return out, timing.timed(fn, repeats, warmup=0)
 
 
 def hit_rates(ids: np.ndarray, truth: np.ndarray) -> dict[str, float]:
@@ -172,7 +172,7 @@ def run_workload(args: argparse.Namespace, items: int, p: int) -> tuple[list[dic
   fns = {"BruteForce": brute["report"]}
   for label, r in chosen.items():
     fns[label] = lambda cfg=r["cfg"]: call(rep_src, cfg)
-  ms = latency.timed_interleaved(fns, args.repeats, warmup=1)
+  ms = timing.timed_interleaved(fns, args.repeats, warmup=1)
   report = [{"items": items, "P_q": p, "P_x": p, "queries": "report", "method": "BruteForce",
              "N": "-", "hr_rel": hit_rates(report_truth, report_truth), "ms": ms["BruteForce"],
              "speedup_vs_brute": 1.0}]
@@ -235,7 +235,7 @@ def main() -> None:
   parser.add_argument("--json", default=None, help="write the rows here")
   args = parser.parse_args()
 
-  hw = latency.hardware()
+  hw = timing.hardware()
   print(f"hardware: {hw}")
   print(f"data: {DATA}")
   selection, report = [], []

@@ -37,15 +37,15 @@ kernel is chosen the same way before numpy loads, `blas_setup.py`).
 Timing: `time.perf_counter` around the call + `block_until_ready`, one warm-up call, median of
 --repeats rounds; in each round every method and peer of the case is called twice, the second
 call timed (its data warm in the caches, as in back-to-back calls), in an order that rotates
-between rounds (`latency.timed_interleaved`), so a drifting machine speed favours none; tables
+between rounds (`timing.timed_interleaved`), so a drifting machine speed favours none; tables
 (doc tables, bf16 copies, FAISS index) are built before timing.
 ratio_vs_faiss = FAISS time / our time (> 1: faster than FAISS); ratio_vs_matmul = our time /
 bare jitted matmul `qt @ dt.T` time of the same shapes (the lower bound of a brute-force scan).
 Each case also reports its achieved GFLOP/s (2 B N w / time; the certified case counts its bound
 scan's width r + 1) and table bandwidth (N w bytes / time) and their fractions of the device's
-peaks, measured in the same run (a copy and float32 / bf16 matmuls, `latency.measure_peaks`; on a
+peaks, measured in the same run (a copy and float32 / bf16 matmuls, `timing.measure_peaks`; on a
 shared machine a peak measured in a busy moment can make a fraction exceed 1) and, for known
-accelerators, from the data-sheet table (`latency.KNOWN_PEAKS`).
+accelerators, from the data-sheet table (`timing.KNOWN_PEAKS`).
 """
 from __future__ import annotations
 
@@ -97,13 +97,13 @@ import numpy as np  # noqa: E402
 
 import faiss_peer  # noqa: E402  (benchmarks/faiss_peer.py)
 from bilinear_ir import allocator, files, scorers  # noqa: E402
-from bilinear_ir.retrieval import latency  # noqa: E402
+from bilinear_ir import timing  # noqa: E402
 from bilinear_ir.retrieval import certified, exact, sharded  # noqa: E402
 
 
 def hardware(setup: faiss_peer.FaissSetup | None) -> str:
-  """One line: the machine (retrieval.latency.hardware) and FAISS's configuration and check."""
-  return (f"{latency.hardware()}; {blas_setup.describe()}; "
+  """One line: the machine (timing.hardware) and FAISS's configuration and check."""
+  return (f"{timing.hardware()}; {blas_setup.describe()}; "
           + (setup.describe() if setup else "faiss not used"))
 
 
@@ -202,7 +202,7 @@ class Runner:
   def time_all(self, fns: dict) -> dict:
     """Median ms of every call, timed interleaved, each timed call after an untimed one; None for
     peers not selected."""
-    ms = latency.timed_interleaved(fns, self.args.repeats, warmup=1, rewarm=1)
+    ms = timing.timed_interleaved(fns, self.args.repeats, warmup=1, rewarm=1)
     return {name: ms.get(name) for name in ("faiss", "matmul", "numpy")} | ms
 
   def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, scan_dtype=None,
@@ -222,7 +222,7 @@ class Runner:
             "matmul_ms": matmul_ms and round(matmul_ms, 3),
             "faiss_setting": (self.faiss_settings.get(faiss_key) or {}).get("setting"),
             "gflops": round(gflops, 1), "table_gb_per_s": round(gbs, 2),
-            **latency.fractions(gflops, gbs, scan_dtype, self.peaks), **extra}
+            **timing.fractions(gflops, gbs, scan_dtype, self.peaks), **extra}
     self.cases.append(case)
     more = " ".join(f"{key}={val}" for key, val in extra.items())
     print(f"{name:42s} {ms:9.1f} ms {case['qps']:10.1f} q/s  vs faiss "
@@ -343,11 +343,11 @@ def main(args) -> None:
   # FAISS's BLAS is chosen (and faiss imported) before anything else touches it.
   setup = faiss_peer.configure(args.faiss_coretype) if "faiss" in args.peers else None
   allocator.keep_freed_memory()  # as the project's binary does (bilinear_ir.allocator)
-  peaks = {"measured": latency.measure_peaks(), "table": latency.known_peaks()}
+  peaks = {"measured": timing.measure_peaks(), "table": timing.known_peaks()}
   run = Runner(args, peaks)
   hw = hardware(setup)
   print(hw, flush=True)
-  print(latency.peaks_line(peaks), flush=True)
+  print(timing.peaks_line(peaks), flush=True)
   size = lambda default: max(args.k, int(round((args.docs or default) * args.scale)))
   w = args.dim or 384
   b = args.queries

@@ -19,7 +19,7 @@ Cases (per dtype and query count B, k = `--k`):
                                    over the memory-mapped shards (exact float32 top-k).
   bf16stream_q{B}_d{N}_n{w}_k{k}   the same on the bf16 index (half the bytes; bf16 scores with
                                    float32 accumulation, approximate): recall@k vs float32.
-Timing is interleaved (`latency.timed_interleaved`, rounds in rotating order, medians), in two
+Timing is interleaved (`timing.timed_interleaved`, rounds in rotating order, medians), in two
 phases:
   1. ours and the read bound, nothing else resident (the page cache keeps what RAM allows: on the
      development machine, 24 GiB, the 13.5 GB of float32 shards stay cached between rounds):
@@ -87,7 +87,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from bilinear_ir import allocator, files  # noqa: E402
 from bilinear_ir.retrieval import index as doc_index  # noqa: E402
-from bilinear_ir.retrieval import latency  # noqa: E402
+from bilinear_ir import timing  # noqa: E402
 
 
 class SyntheticDocs:
@@ -198,7 +198,7 @@ def main(args: argparse.Namespace) -> None:
   indexes = {d: ensure_index(os.path.join(args.dir, d), args, d) for d in dtypes}
   if args.generate_only:
     return
-  hw = (f"{latency.hardware()}; {blas_setup.describe()}"
+  hw = (f"{timing.hardware()}; {blas_setup.describe()}"
         + ("; " + FAISS.describe() if FAISS else ""))
   print(hw, flush=True)
   total = {d: sum(os.path.getsize(p) for p in shard_paths(ix)) for d, ix in indexes.items()}
@@ -228,7 +228,7 @@ def main(args: argparse.Namespace) -> None:
   for b in counts:
     qj = jnp.asarray(queries[b])
     for dtype, ix in indexes.items():
-      ms = latency.timed_interleaved(fns_of(ix, qj), args.repeats, warmup=1)
+      ms = timing.timed_interleaved(fns_of(ix, qj), args.repeats, warmup=1)
       res = ix.search(qj, args.k)
       found[dtype, b] = np.asarray(res.ids)
       case = {"name": name_of(dtype, b), "queries": b, "docs": args.docs, "dim": args.dim,
@@ -271,7 +271,7 @@ def main(args: argparse.Namespace) -> None:
         fns = fns_of(ix, qj)
         fns["faiss"] = lambda q=q, setting=setting: (faiss_peer.set_blocking(*setting),
                                                      flat.search(q, args.k))
-        ms = latency.timed_interleaved(fns, args.repeats, warmup=1)
+        ms = timing.timed_interleaved(fns, args.repeats, warmup=1)
         case = cases[dtype, b]
         case |= {"faiss_ms": round(ms["faiss"], 1),
                  "ms_faiss_resident": round(ms["ours"], 1),

@@ -75,15 +75,15 @@ import optax
 from bilinear_ir import allocator, files, scorers
 from bilinear_ir.data.batches import BatchSampler, TrainSet
 from bilinear_ir.train import trainer
-from bilinear_ir.retrieval import latency
+from bilinear_ir import timing
 from bilinear_ir import defaults
 
 CASES = {"bilinear": {}, "lowrank": {"rank": 32, "residual": "none"}}
 
 
 def hardware(torch_version: str) -> str:
-  """The machine (retrieval.latency.hardware), torch version and its OpenMP wait policy."""
-  return (f"{latency.hardware()}; torch {torch_version} (OMP_WAIT_POLICY="
+  """The machine (timing.hardware), torch version and its OpenMP wait policy."""
+  return (f"{timing.hardware()}; torch {torch_version} (OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, threads chosen per case)")
 
 

@@ -3,7 +3,7 @@
 A part of `bilinear_ir` imports only parts below it:
 
   main -> jobs -> synthetic -> {train, retrieval, fidelity} -> data -> {scorers, eval, lowrank}
-  -> {errors, files, allocator, defaults, progress}
+  -> {errors, files, allocator, defaults, progress, timing}
 
 A job never imports another job, function-local imports are only of optional third-party
 packages, and a config file imports only `ml_collections` and `bilinear_ir.defaults` (so loading
@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "bilinear_ir")
 
 LAYERS = (
-    ("errors", "files", "allocator", "defaults", "progress"),
+    ("errors", "files", "allocator", "defaults", "progress", "timing"),
     ("scorers", "eval", "lowrank"),
     ("data",),
     ("train", "retrieval", "fidelity"),
@@ -33,7 +33,7 @@ LAYERS = (
 )
 LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 # The bottom layer's modules may import each other only in this order (each the ones before it).
-BOTTOM_ORDER = ("errors", "files", "allocator", "defaults", "progress")
+BOTTOM_ORDER = ("errors", "files", "allocator", "defaults", "progress", "timing")
 # Optional third-party packages (extras or heavy plotting) that may be imported inside functions.
 OPTIONAL = ("faiss", "torch", "Stemmer", "matplotlib", "tensorboardX", "tensorflow_datasets",
             "sentence_transformers", "transformers", "huggingface_hub", "array_record", "etils")

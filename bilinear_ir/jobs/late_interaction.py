@@ -27,7 +27,7 @@ similarity trained on the pooled embeddings (the bilinear table's recipe), which
 dev (or the one `config.distill.teacher` names). Model selection uses the dev split only.
 
 Per row: metrics, bytes per stored document (in `config.storage.dtype`) and the latency of
-scoring 1 query x `config.latency.docs` stored docs (`retrieval.latency`, as benchmarks/
+scoring 1 query x `config.latency.docs` stored docs (`timing`, as benchmarks/
 late_interaction_latency.py), measured in the same run.
 """
 from __future__ import annotations
@@ -44,6 +44,7 @@ import numpy as np
 
 from bilinear_ir import progress
 from bilinear_ir import scorers
+from bilinear_ir import timing
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
@@ -52,7 +53,6 @@ from bilinear_ir.jobs import report
 from bilinear_ir.jobs import validation
 from bilinear_ir.retrieval import candidates as candidates_lib
 from bilinear_ir.retrieval import hybrid
-from bilinear_ir.retrieval import latency
 from bilinear_ir.retrieval import ranking
 from bilinear_ir.scorers import multivector
 from bilinear_ir.scorers import token_interaction
@@ -248,7 +248,7 @@ def _token_row(setting: Setting, config, name: str, lat, dtype, tcfg=None,
     info.update(best_step=fit.best_step, history=fit.history, temperature=fit.temperature,
                 params=int(sum(np.size(x) for x in jax.tree.leaves(params))))
   q, qm, d, dm, _ = lat
-  case = latency.mebert_case if scorer == "mebert" else latency.late_case
+  case = timing.mebert_case if scorer == "mebert" else timing.late_case
   lat_module = module if scorer == "mebert" else module.clone(doc_chunk=int(d.shape[0]))
   fn, n_vec, width = case(lat_module, params, q, qm, d, dm, dtype)
   scored = score_dense(setting, eval_module(module, setting), params, setting.token_queries,
@@ -383,7 +383,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     if name == "dot":
       dot = scorers.build("dot", dim=emb.docs.shape[1])
       q, qm, _, _, docs = lat
-      fn, n_vec, width = latency.de_case(q, qm, emb.docs[docs], dtype)
+      fn, n_vec, width = timing.de_case(q, qm, emb.docs[docs], dtype)
       add("dot", "dot", score_dense(setting, dot, {}, lambda r: emb.queries[r], emb.docs, fn,
                                     (n_vec, width)),
           trained=False, loss=None, teacher=None)
@@ -415,7 +415,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   times = {label: [] for label in calls}
   for _ in range(int(config.latency.rounds)):
     for label, call in calls.items():
-      times[label].append(latency.timed(call, int(config.latency.repeats)))
+      times[label].append(timing.timed(call, int(config.latency.repeats)))
   for row in rows:
     row["ms_1q_100d"] = float(np.median(times[row["row"]]))
 
@@ -437,7 +437,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
                  "pooled_max_length": prepared.embeddings.manifest["settings"]["max_length"],
                  "dim": int(setting.tokens.docs.shape[-1]),
                  "doc_tokens_truncated": _truncated_share(setting.tokens.doc_mask)},
-      "storage": storage, "storage_dtype": str(dtype.name), "hardware": latency.hardware(),
+      "storage": storage, "storage_dtype": str(dtype.name), "hardware": timing.hardware(),
   }
   return report.Report(results=results, markdown=markdown(results, config))
 

@@ -1,16 +1,18 @@
-"""Scoring latency of 1 query x K stored docs (the LITE paper's Table 3 protocol).
+"""Timing and the hardware: the line every benchmark prints, interleaved medians, the device's
+peaks and roofline bounds, and the timed scoring calls of the LITE latency protocol.
 
-Doc-side work is precomputed, as in the paper: each doc is first put in its scorer's stored form
-(`encode_docs` for late interaction, `doc_vectors` for ME-BERT, one pooled vector for DE) in the
-storage dtype. A timed call is one jitted function of the raw query input that computes the query
-side and scores the K stored docs; query encoder (transformer) time is not included (it is the
-same for every scorer). Used by `benchmarks/late_interaction_latency.py` (random inputs) and the
-`late_interaction` job (real SciFact tokens and trained params).
-
-Also the benchmarks' shared measurement helpers: `hardware` (the line every benchmark prints),
+The benchmarks' shared measurement helpers: `hardware` (the line every benchmark prints),
 `timed_interleaved`, and the device's peaks, from a table of known accelerators
 (`KNOWN_PEAKS`) and measured in the same run (`measure_peaks`: a copy and two matmuls), so a
 benchmark can state its achieved FLOP/s and bandwidth as fractions of them (`fractions`).
+
+Scoring latency of 1 query x K stored docs (the LITE paper's Table 3 protocol): doc-side work is
+precomputed, as in the paper: each doc is first put in its scorer's stored form (`encode_docs`
+for late interaction, `doc_vectors` for ME-BERT, one pooled vector for DE) in the storage dtype.
+A timed call is one jitted function of the raw query input that computes the query side and
+scores the K stored docs; query encoder (transformer) time is not included (it is the same for
+every scorer). Used by `benchmarks/late_interaction_latency.py` (random inputs) and the
+`late_interaction` job (real SciFact tokens and trained params).
 """
 from __future__ import annotations
 
@@ -26,7 +28,6 @@ import jax
 import jax.numpy as jnp
 
 from bilinear_ir import allocator
-from bilinear_ir import scorers
 
 
 # Dense peaks of known accelerators (vendor data sheets), matched by a substring of
@@ -252,9 +253,9 @@ def de_case(q, qm, docs, dtype) -> tuple[Callable[[], jnp.ndarray], int, int]:
   Returns:
     (call -> [1, K] scores, 1, n).
   """
-  de = scorers.build("dot", dim=docs.shape[-1])
   stored = jax.block_until_ready(jnp.asarray(docs).astype(dtype))
-  score = jax.jit(lambda q, qm, docs: de.apply(
-      {}, jnp.sum(jnp.where(qm[..., None], q, 0), 1) / jnp.sum(qm, 1, keepdims=True),
-      docs.astype(jnp.float32), method=de.score_all))
+  # The dot scorer's score_all (scorers.dot.Dot: one dot_general of the tables' last axes).
+  score = jax.jit(lambda q, qm, docs: jax.lax.dot_general(
+      jnp.sum(jnp.where(qm[..., None], q, 0), 1) / jnp.sum(qm, 1, keepdims=True),
+      docs.astype(jnp.float32), (((1,), (1,)), ((), ()))))
   return (lambda: score(q, qm, stored)), 1, stored.shape[-1]
