@@ -135,8 +135,9 @@ def host_copy_gb_per_s(words: int = 1 << 26, repeats: int = 5,
 
 
 def measure_peaks(repeats: int = 5) -> dict[str, Any]:
-  """Peaks measured on device 0 now: memory bandwidth and float32 (HIGHEST) and bf16 (float32
-  accumulation) square matmuls; best of `repeats` calls each.
+  """Peaks measured on device 0 now: memory bandwidth and float32 (HIGHEST), float32 operands at
+  the backend's default precision (TF32 on GPUs) and bf16 (float32 accumulation) square matmuls;
+  best of `repeats` calls each.
 
   Bandwidth counts bytes read plus bytes written by a copy. On a CPU it is the larger of a copy
   by every core at once (`host_copy_gb_per_s`) and XLA's copy (`x * 1`), so no memory-bound
@@ -144,7 +145,8 @@ def measure_peaks(repeats: int = 5) -> dict[str, Any]:
   by XLA. Sizes: 256 MiB and n = 2,048 on CPU, 1 GiB and n = 8,192 on accelerators.
 
   Returns:
-    {"gb_per_s", "f32_gflops", "bf16_gflops", "source": "measured", "copy": how measured}.
+    {"gb_per_s", "f32_gflops", "bf16_gflops", "default_gflops", "source": "measured",
+     "copy": how measured}.
   """
   cpu = jax.devices()[0].platform == "cpu"
   words, n = (1 << 26, 2048) if cpu else (1 << 28, 8192)
@@ -157,16 +159,19 @@ def measure_peaks(repeats: int = 5) -> dict[str, Any]:
     copy["all_cores_gb_per_s"] = round(host_copy_gb_per_s(words, repeats), 2)
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   f32 = _best_s(lambda: _matmul(a, a), repeats)
+  default = _best_s(lambda: _matmul_default(a, a), repeats)
   b = a.astype(jnp.bfloat16)
   bf16 = _best_s(lambda: _matmul(b, b), repeats)
   return {"gb_per_s": max(xla, copy.get("all_cores_gb_per_s", 0.0)),
           "f32_gflops": 2 * n ** 3 / f32 / 1e9, "bf16_gflops": 2 * n ** 3 / bf16 / 1e9,
-          "source": "measured", "copy": copy}
+          "default_gflops": 2 * n ** 3 / default / 1e9, "source": "measured", "copy": copy}
 
 
 _copy = jax.jit(lambda v: v * 1.0)
 _matmul = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precision.HIGHEST,
                                           preferred_element_type=jnp.float32))
+# float32 operands at the backend's default precision (CPU: float32; GPU: TF32; TPU: bf16 passes)
+_matmul_default = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precision.DEFAULT))
 
 
 def roofline(flops: float, bytes_read: float, dtype: str, peaks: dict[str, Any]) -> dict:
@@ -176,14 +181,16 @@ def roofline(flops: float, bytes_read: float, dtype: str, peaks: dict[str, Any])
   Args:
     flops: floating-point operations the computation must do (2 per multiply-add).
     bytes_read: bytes it must read from memory (each input once).
-    dtype: "float32" or "bfloat16", the dtype of its matmul operands.
+    dtype: "float32" or "bfloat16", the dtype of its matmul operands; "default": float32
+      operands at the backend's default precision (TF32 on GPUs).
     peaks: `measure_peaks()`.
 
   Returns:
     {"bound_ms", "bound_compute_ms", "bound_memory_ms", "bound_limit" ("compute" / "memory"),
      "peak_flops" (FLOP/s), "bandwidth_gbs"}.
   """
-  peak = peaks["bf16_gflops" if dtype == "bfloat16" else "f32_gflops"] * 1e9
+  key = {"bfloat16": "bf16_gflops", "default": "default_gflops"}.get(dtype, "f32_gflops")
+  peak = (peaks.get(key) or peaks["f32_gflops"]) * 1e9
   compute = flops / peak * 1e3
   memory = bytes_read / (peaks["gb_per_s"] * 1e9) * 1e3
   return {"bound_ms": round(max(compute, memory), 4), "bound_compute_ms": round(compute, 4),
