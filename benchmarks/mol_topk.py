@@ -147,7 +147,7 @@ def torch_brute_force(torch: Any, device: Any, params: Any, qc: np.ndarray, item
                       k: int, temperature: float, chunk: int):
   """torch's MoL brute force, the peer of `mol_topk.brute_force`: qc (B, P_q, d_P), items
   (N, P_x, d_P), the gating MLP's params -> a call returning top-k ids [B, k]."""
-  t = lambda x: torch.from_numpy(np.ascontiguousarray(np.asarray(x), np.float32)).to(device)
+  t = lambda x: torch.from_numpy(np.array(x, np.float32)).to(device)  # a writable copy
   gate = params["gate_net"]
   w1, b1, w2, b2 = (t(gate["hidden"]["kernel"]), t(gate["hidden"]["bias"]),
                     t(gate["out"]["kernel"]), t(gate["out"]["bias"]))

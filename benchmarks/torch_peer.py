@@ -52,8 +52,8 @@ def topk_fn(torch: Any, device: Any, q: np.ndarray, d: np.ndarray, k: int, dtype
   """A timed call: top-k ids [B, k] of q [B, w] against d [N, w] in `dtype`, `chunk` docs at a
   time (tables placed on the device once, here)."""
   tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-  qt = torch.from_numpy(np.ascontiguousarray(q, np.float32)).to(device, tdtype)
-  dt = torch.from_numpy(np.ascontiguousarray(d, np.float32)).to(device, tdtype)
+  qt = torch.from_numpy(np.array(q, np.float32)).to(device, tdtype)  # copies: writable
+  dt = torch.from_numpy(np.array(d, np.float32)).to(device, tdtype)
   n = dt.shape[0]
 
   def run():
