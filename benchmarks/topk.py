@@ -40,7 +40,19 @@ call timed (its data warm in the caches, as in back-to-back calls), in an order 
 between rounds (`timing.timed_interleaved`), so a drifting machine speed favours none; tables
 (doc tables, bf16 copies, FAISS index) are built before timing.
 ratio_vs_faiss = FAISS time / our time (> 1: faster than FAISS); ratio_vs_matmul = our time /
-bare jitted matmul `qt @ dt.T` time of the same shapes (the lower bound of a brute-force scan).
+bare jitted matmul `qt @ dt.T` time of the same shapes (a peer, not a bound: it writes the whole
+score matrix, which the scan never does).
+Roofline bound (`timing.roofline`, the peaks measured in this run): `bound_ms` = max(2 B N w
+FLOPs / the measured matmul peak at the scanned dtype, the table's and queries' bytes / the
+measured memory bandwidth: every core copying at once on a CPU, a device copy on a GPU);
+`ratio_vs_bound` = our time / bound_ms (`bound_limit` says which term); `peak_flops`,
+`bandwidth_gbs`. Torch peer (`torch_peer.py`, on a CUDA device only, `--torch-device`):
+`torch.topk(q @ d.T)` over chunks at its best chunk size, float32 with TF32 off and bf16:
+`peer_torch_ms`, `ratio_vs_torch` = torch time / ours, `torch_setting`; null with `note` where
+it does not run. `--chunks` also times our scan at other chunk sizes (`scan_chunk_ms`;
+`default_chunk` is the device's). Where `bf16_topk`'s ids differ from the float32 scan's,
+`other_ids` lists each such query's float64 gap and whether both lists are a correct top-k up to
+float32 rounding (`explained`: a near-tie, not a bug); `bf16_pays_here` is `certified.bf16_pays`.
 Each case also reports its achieved GFLOP/s (2 B N w / time; the certified case counts its bound
 scan's width r + 1) and table bandwidth (N w bytes / time) and their fractions of the device's
 peaks, measured in the same run (a copy and float32 / bf16 matmuls, `timing.measure_peaks`; on a
@@ -445,7 +457,8 @@ def main(args) -> None:
   # FAISS's BLAS is chosen (and faiss imported) before anything else touches it.
   setup = faiss_peer.configure(args.faiss_coretype) if "faiss" in args.peers else None
   allocator.keep_freed_memory()  # as the project's binary does (bilinear_ir.allocator)
-  peaks = {"measured": timing.measure_peaks(), "table": timing.known_peaks()}
+  peaks = {"measured": timing.measure_peaks(min(5, max(2, args.repeats))),
+           "table": timing.known_peaks()}
   run = Runner(args, peaks)
   hw = hardware(setup)
   print(hw, flush=True)
@@ -467,8 +480,9 @@ def main(args) -> None:
     sys.exit(f"unknown case(s) {sorted(unknown)}; known: {list(plan)}")
   for name in chosen:
     plan[name]()
-  if args.json:
-    files.atomic_write_json(args.json, {"hardware": hw, "peaks": peaks, "cases": run.cases})
+    if args.json:  # after every case: a run stopped at a time limit keeps what it measured
+      files.atomic_write_json(args.json, {"hardware": hw, "peaks": peaks, "cases": run.cases,
+                                          "torch": run.torch_note or str(run.torch_device)})
 
 
 if __name__ == "__main__":

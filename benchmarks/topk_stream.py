@@ -202,7 +202,8 @@ def faiss_in_ram(index: doc_index.DocIndex):
 
 
 def print_case(case: dict) -> None:
-  keys = ("bound_ms", "bound_limit", "ratio_vs_bound", "read_bound_ms", "ratio_vs_read", "recall_vs_fp32", "faiss_ms", "ms_faiss_resident",
+  keys = ("bound_ms", "bound_limit", "ratio_vs_bound", "read_bound_ms", "ratio_vs_read",
+          "recall_vs_fp32", "faiss_ms", "ms_faiss_resident",
           "ratio_vs_faiss", "read_bound_ms_faiss_resident", "ratio_vs_read_faiss_resident",
           "same_ids_as_faiss")
   extra = " ".join(f"{k}={case[k]}" for k in keys if k in case)
@@ -226,7 +227,7 @@ def main(args: argparse.Namespace) -> None:
         + f"; MemAvailable {(meminfo() or 0) / 2**30:.1f} GiB of "
         f"{(meminfo('MemTotal') or 0) / 2**30:.1f}", flush=True)
   peers = {p for p in args.peers.split(",") if p}
-  peaks = timing.measure_peaks()
+  peaks = timing.measure_peaks(min(5, max(2, args.repeats)))
   print(timing.peaks_line({"measured": peaks}), flush=True)
   most = max(len(ix.manifest["shards"]) for ix in indexes.values())
   threads = min(most, args.read_threads or max(8, os.cpu_count() or 1))

@@ -40,8 +40,10 @@ if ! "${PYTHON}" -c "import ml_collections, faiss, pytrec_eval" 2>/dev/null; the
       --target "${SITE}" "${WHEELS}"/*.whl
     export PYTHONPATH="${SITE}${PYTHONPATH:+:${PYTHONPATH}}"
   fi
-  "${PYTHON}" -c "import ml_collections" \
-    || { echo "ml_collections is missing: put its wheel in ${WHEELS} (launch/README.md)" >&2; exit 2; }
+  "${PYTHON}" -c "import ml_collections" || {
+    echo "ml_collections is missing: put its wheel in ${WHEELS} (launch/README.md)" >&2
+    exit 2
+  }
 fi
 
 exec "${PYTHON}" benchmarks/accelerator_check.py --out "${OUT}" --budget-s "${BUDGET_S}" "$@"
