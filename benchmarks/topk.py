@@ -42,8 +42,10 @@ between rounds (`timing.timed_interleaved`), so a drifting machine speed favours
 ratio_vs_faiss = FAISS time / our time (> 1: faster than FAISS); ratio_vs_matmul = our time /
 bare jitted matmul `qt @ dt.T` time of the same shapes (a peer, not a bound: it writes the whole
 score matrix, which the scan never does).
-Roofline bound (`timing.roofline`, the peaks measured in this run): `bound_ms` = max(2 B N w
-FLOPs / the measured matmul peak at the scanned dtype, the table's and queries' bytes / the
+Roofline bound (`timing.roofline`, the peaks measured in this run: at the start, and the square
+matmuls again interleaved with each case's calls, the larger kept, so a shared machine's load
+drift cannot make the bound too loose): `bound_ms` = max(2 B N w FLOPs / the measured matmul
+peak at the scanned dtype, the table's and queries' bytes / the
 measured memory bandwidth: every core copying at once on a CPU, a device copy on a GPU);
 `ratio_vs_bound` = our time / bound_ms (`bound_limit` says which term); `peak_flops`,
 `bandwidth_gbs`. Torch peer (`torch_peer.py`, on a CUDA device only, `--torch-device`):
@@ -206,6 +208,7 @@ class Runner:
     self.mesh = sharded.doc_mesh(args.devices) if args.devices > 1 else None
     self.cases = []
     self.peaks = peaks
+    self.case_peaks = peaks["measured"]  # raised per case by time_all
     # The bare matmul at the scan's precision (float32 on every backend).
     self._mm = jax.jit(lambda a, b: jnp.matmul(a, b.T, precision=exact.PRECISION,
                                                preferred_element_type=jnp.float32))
@@ -276,8 +279,12 @@ class Runner:
 
   def time_all(self, fns: dict) -> dict:
     """Median ms of every call, timed interleaved, each timed call after an untimed one; None for
-    peers not selected."""
-    ms = timing.timed_interleaved(fns, self.args.repeats, warmup=1, rewarm=1)
+    peers not selected. The float32 and bf16 peak probes (`timing.peak_probes`) are timed in the
+    same rounds, and the bound of the cases recorded next uses the larger of each peak measured
+    at the start and here (`self.case_peaks`)."""
+    probes, flops = timing.peak_probes()
+    ms = timing.timed_interleaved(fns | probes, self.args.repeats, warmup=1, rewarm=1)
+    self.case_peaks = timing.with_interleaved_peaks(self.peaks["measured"], ms, flops)
     return {name: ms.get(name) for name in ("faiss", "matmul", "numpy")} | ms
 
   def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, scan_dtype=None,
@@ -298,7 +305,9 @@ class Runner:
     table_bytes = n * sw * (2 if scan_dtype == "bfloat16" else 4)
     gbs = table_bytes / ms / 1e6
     bound = timing.roofline(2.0 * b * n * sw, table_bytes + 4.0 * b * w, scan_dtype,
-                            self.peaks["measured"])
+                            self.case_peaks)
+    bound["peaks_interleaved_gflops"] = {
+        k: self.case_peaks.get(k) for k in ("f32_gflops_interleaved", "bf16_gflops_interleaved")}
     torch_setting = self.torch_settings.get(torch_key)
     case = {"name": name, "queries": b, "docs": n, "dim": w, "k": k, "dtype": dtype,
             "ms": round(ms, 3), "qps": round(1e3 * b / ms, 1),

@@ -174,6 +174,29 @@ _matmul = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precision.HIGH
 _matmul_default = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precision.DEFAULT))
 
 
+def peak_probes() -> tuple[dict[str, Callable[[], Any]], float]:
+  """The square float32 (HIGHEST) and bf16 matmuls of `measure_peaks`, as calls a benchmark can
+  time interleaved with its own (so the peak and the case meet the same machine load):
+  ({"peak_f32": call, "peak_bf16": call}, FLOPs of one call)."""
+  n = 2048 if jax.devices()[0].platform == "cpu" else 8192
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = a.astype(jnp.bfloat16)
+  return {"peak_f32": lambda: _matmul(a, a), "peak_bf16": lambda: _matmul(b, b)}, 2.0 * n ** 3
+
+
+def with_interleaved_peaks(peaks: dict[str, Any], ms: dict[str, float], flops: float) -> dict:
+  """`peaks` with each matmul peak raised to the rate of its probe timed in `ms` (median ms of
+  "peak_f32" / "peak_bf16", from `peak_probes`) where that is higher: the larger of the two
+  measurements, so the roofline bound stays a bound."""
+  out = dict(peaks)
+  for key, probe in (("f32_gflops", "peak_f32"), ("bf16_gflops", "peak_bf16")):
+    if ms.get(probe):
+      rate = flops / ms[probe] / 1e6
+      out[key] = max(out.get(key) or 0.0, rate)
+      out[key.replace("gflops", "gflops_interleaved")] = round(rate, 1)
+  return out
+
+
 def roofline(flops: float, bytes_read: float, dtype: str, peaks: dict[str, Any]) -> dict:
   """The least time a computation can take on this device: max(FLOPs / the measured matmul peak
   at `dtype`, bytes that must be read / the measured bandwidth), in ms.
