@@ -43,7 +43,7 @@ ratio_vs_faiss = FAISS time / our time (> 1: faster than FAISS); ratio_vs_matmul
 bare jitted matmul `qt @ dt.T` time of the same shapes (a peer, not a bound: it writes the whole
 score matrix, which the scan never does).
 Roofline bound (`timing.roofline`, the peaks measured in this run: at the start, and the square
-matmuls again interleaved with each case's calls, the larger kept, so a shared machine's load
+matmuls again interleaved with each case's calls (their fastest call), the larger kept, so a shared machine's load
 drift cannot make the bound too loose): `bound_ms` = max(2 B N w FLOPs / the measured matmul
 peak at the scanned dtype, the table's and queries' bytes / the
 measured memory bandwidth: every core copying at once on a CPU, a device copy on a GPU);
@@ -283,8 +283,10 @@ class Runner:
     same rounds, and the bound of the cases recorded next uses the larger of each peak measured
     at the start and here (`self.case_peaks`)."""
     probes, flops = timing.peak_probes()
-    ms = timing.timed_interleaved(fns | probes, self.args.repeats, warmup=1, rewarm=1)
-    self.case_peaks = timing.with_interleaved_peaks(self.peaks["measured"], ms, flops)
+    fastest = {}
+    ms = timing.timed_interleaved(fns | probes, self.args.repeats, warmup=1, rewarm=1,
+                                  fastest=fastest)
+    self.case_peaks = timing.with_interleaved_peaks(self.peaks["measured"], fastest, flops)
     return {name: ms.get(name) for name in ("faiss", "matmul", "numpy")} | ms
 
   def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, scan_dtype=None,

@@ -185,9 +185,9 @@ def peak_probes() -> tuple[dict[str, Callable[[], Any]], float]:
 
 
 def with_interleaved_peaks(peaks: dict[str, Any], ms: dict[str, float], flops: float) -> dict:
-  """`peaks` with each matmul peak raised to the rate of its probe timed in `ms` (median ms of
-  "peak_f32" / "peak_bf16", from `peak_probes`) where that is higher: the larger of the two
-  measurements, so the roofline bound stays a bound."""
+  """`peaks` with each matmul peak raised to the rate of its probe timed in `ms` (the fastest ms
+  of "peak_f32" / "peak_bf16", from `peak_probes`) where that is higher: the largest rate
+  measured, so the roofline bound stays a bound on a machine whose load drifts."""
   out = dict(peaks)
   for key, probe in (("f32_gflops", "peak_f32"), ("bf16_gflops", "peak_bf16")):
     if ms.get(probe):
@@ -260,14 +260,16 @@ def timed(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
 
 
 def timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3,
-                      rewarm: int = 0) -> dict[str, float]:
+                      rewarm: int = 0, fastest: dict[str, float] | None = None
+                      ) -> dict[str, float]:
   """Median latency in ms of each of `fns`, timed in `repeats` rounds of one timed call each.
 
   Each function is warmed up `warmup` times first. The order within a round rotates, so a
   machine whose speed drifts during the measurement (shared hosts, thermal limits) favours none
   of the functions compared. `rewarm` untimed calls precede each timed call, so the timed one
   finds its own data in the caches as in back-to-back calls, not evicted by the previous
-  function's. Every call is blocked on.
+  function's. Every call is blocked on. `fastest`, if given, receives each function's fastest
+  timed call (ms).
   """
   names = list(fns)
   for name in names:
@@ -281,6 +283,8 @@ def timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
       t0 = time.perf_counter()
       jax.block_until_ready(fns[name]())
       times[name].append((time.perf_counter() - t0) * 1e3)
+  if fastest is not None:
+    fastest.update({name: min(v) for name, v in times.items()})
   return {name: statistics.median(v) for name, v in times.items()}
 
 
