@@ -43,10 +43,10 @@ ratio_vs_faiss = FAISS time / our time (> 1: faster than FAISS); ratio_vs_matmul
 bare jitted matmul `qt @ dt.T` time of the same shapes (a peer, not a bound: it writes the whole
 score matrix, which the scan never does).
 Roofline bound (`timing.roofline`, the peaks measured in this run: at the start, and the square
-matmuls again interleaved with each case's calls (their fastest call), the larger kept, so a shared machine's load
-drift cannot make the bound too loose): `bound_ms` = max(2 B N w FLOPs / the measured matmul
-peak at the scanned dtype, the table's and queries' bytes / the
-measured memory bandwidth: every core copying at once on a CPU, a device copy on a GPU);
+matmuls again interleaved with each case's calls (their fastest call), the larger kept, so a
+shared machine's load drift cannot make the bound too loose): `bound_ms` = max(2 B N w FLOPs /
+the measured matmul peak at the scanned dtype, the table's and queries' bytes / the measured
+memory bandwidth: every core copying at once on a CPU, a device copy on a GPU);
 `ratio_vs_bound` = our time / bound_ms (`bound_limit` says which term); `peak_flops`,
 `bandwidth_gbs`. Torch peer (`torch_peer.py`, on a CUDA device only, `--torch-device`):
 `torch.topk(q @ d.T)` over chunks at its best chunk size, float32 with TF32 off and bf16:
