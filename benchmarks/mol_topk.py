@@ -33,7 +33,8 @@ whatever this machine is; speedup = brute-force latency / method latency in the 
 TopKAvg and CombTopK run with `tight_bound=False` (the paper's algorithms, no Theorem-3 scan);
 TopKPerEmbd's Theorem-2 bound comes free with its lists.
 
-Roofline bound per report row (`timing.roofline`, peaks measured at the start of the run):
+Roofline bound per report row (`timing.roofline`, peaks measured at the start of the run and the
+float32 / bf16 matmuls again interleaved with the report rounds, the larger rate kept):
 max(FLOPs / the matmul peak, bytes / memory bandwidth) for the work the method must do (`work`):
 MoL-scoring an item costs 2 P d_P (logits) + 4 P H (the gating MLP, H = gate_hidden) FLOPs and
 reads its P_x d_P floats; brute force MoL-scores every item (float32: the float32 peak);
@@ -257,11 +258,14 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
   if torch_fn is not None:
     fns["torch"] = torch_fn
     torch_hr = hit_rates(torch_fn().cpu().numpy(), report_truth).get("100")
-  ms = timing.timed_interleaved(fns, args.repeats, warmup=1)
+  probes, probe_flops = timing.peak_probes()  # the peaks again, in the same rounds
+  fastest = {}
+  ms = timing.timed_interleaved(fns | probes, args.repeats, warmup=1, fastest=fastest)
+  case_peaks = timing.with_interleaved_peaks(peaks, fastest, probe_flops)
 
   def bound(cfg, row_ms):
     flops, nbytes, dtype = work(cfg, items, args.batch, p, args.d_p, 128)
-    b = timing.roofline(flops, nbytes, dtype, peaks)
+    b = timing.roofline(flops, nbytes, dtype, case_peaks)
     torch_ms = ms.get("torch")
     return {**b, "ratio_vs_bound": round(row_ms / b["bound_ms"], 3),
             "peer_torch_ms": torch_ms and round(torch_ms, 3),

@@ -30,7 +30,8 @@ phases:
              `ratio_vs_read` = ours / read (goal for 32 queries: <= 1.25). A figure of its own,
              not part of the roofline bound below.
 Every case also carries the roofline bound (`timing.roofline`, peaks measured at the start of
-the run: memory bandwidth with every core, float32 / bf16 matmul peaks): max(2 B N w FLOPs / the
+the run: memory bandwidth with every core, float32 / bf16 matmul peaks, the matmuls again timed
+interleaved with each case and the larger rate kept): max(2 B N w FLOPs / the
 matmul peak of the index's dtype, the index's bytes / memory bandwidth) as `bound_ms`,
 `ratio_vs_bound`, `peak_flops`, `bandwidth_gbs`; it is the bound with the shards in memory, so
 with shards on disk the read is the limit instead. `peer_torch_ms` is null (with `note`): there
@@ -228,6 +229,7 @@ def main(args: argparse.Namespace) -> None:
         f"{(meminfo('MemTotal') or 0) / 2**30:.1f}", flush=True)
   peers = {p for p in args.peers.split(",") if p}
   peaks = timing.measure_peaks(min(5, max(2, args.repeats)))
+  probes, probe_flops = timing.peak_probes()  # timed with each case too (the larger peak kept)
   print(timing.peaks_line({"measured": peaks}), flush=True)
   most = max(len(ix.manifest["shards"]) for ix in indexes.values())
   threads = min(most, args.read_threads or max(8, os.cpu_count() or 1))
@@ -252,7 +254,10 @@ def main(args: argparse.Namespace) -> None:
   for b in counts:
     qj = jnp.asarray(queries[b])
     for dtype, ix in indexes.items():
-      ms = timing.timed_interleaved(fns_of(ix, qj), args.repeats, warmup=1)
+      fastest = {}
+      ms = timing.timed_interleaved(fns_of(ix, qj) | probes, args.repeats, warmup=1,
+                                    fastest=fastest)
+      case_peaks = timing.with_interleaved_peaks(peaks, fastest, probe_flops)
       res = ix.search(qj, args.k)
       found[dtype, b] = np.asarray(res.ids)
       case = {"name": name_of(dtype, b), "queries": b, "docs": args.docs, "dim": args.dim,
@@ -264,7 +269,7 @@ def main(args: argparse.Namespace) -> None:
                         f"{len(indexes[dtype].manifest['shards'])} memory-mapped {dtype} shards)",
               "mem_available_gib": round((meminfo() or 0) / 2**30, 1)}
       bound = timing.roofline(2.0 * b * args.docs * args.dim, total[dtype] + 4.0 * b * args.dim,
-                              dtype, peaks)
+                              dtype, case_peaks)
       case |= {**bound, "ratio_vs_bound": round(ms["ours"] / bound["bound_ms"], 3),
                "peer_torch_ms": None,
                "note": "no torch peer: torch has no reader of memory-mapped shards here"}
