@@ -8,7 +8,7 @@ OpenBLAS's own detection (SkylakeX kernels). A numpy peer must run at its best, 
 `choose_numpy_coretype()` times numpy's GEMM in a subprocess per candidate (the inherited value,
 unset, `CANDIDATES`) and sets the fastest in `os.environ` when it beats the inherited one by more
 than 5%, before this process imports numpy. `NUMPY_BLAS` records the probes; the hardware line
-(`latency.hardware`) names the core type numpy's OpenBLAS actually loaded.
+(`timing.hardware`) names the core type numpy's OpenBLAS actually loaded.
 """
 import json
 import os
@@ -61,7 +61,8 @@ def choose_numpy_coretype() -> dict:
   """Probes and sets OPENBLAS_CORETYPE for numpy (no-op once numpy is imported); NUMPY_BLAS."""
   inherited = os.environ.get("OPENBLAS_CORETYPE", "")
   NUMPY_BLAS["inherited"] = inherited or None
-  if "numpy" in sys.modules:
+  if "numpy" in sys.modules or os.environ.get("BLAS_SETUP_NO_PROBE") == "1":
+    # numpy already loaded, or probes turned off (the accelerator check's --reduced smoke run)
     NUMPY_BLAS["chosen"] = inherited or None
     return NUMPY_BLAS
   for ct in dict.fromkeys((inherited,) + CANDIDATES):

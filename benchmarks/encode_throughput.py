@@ -24,7 +24,7 @@ setting) at `--max_lengths` tokens, `--batch_size` texts per batch. Tokenization
     faster of os.cpu_count() and 1 intra-op threads, probed per case (`--torch_threads auto`);
     `encode` runs under `torch.inference_mode()`; transformers' default attention (SDPA for
     BERT, eager for MPNet, which has no SDPA).
-Timing: `latency.timed_interleaved` (one warm-up call each, then `--rounds` rounds alternating
+Timing: `timing.timed_interleaved` (one warm-up call each, then `--rounds` rounds alternating
 the two; medians). Printed per case: texts/s of each and the ratio flax / torch, plus
 max |flax - torch| of the vectors as a check that both did the same work.
 """
@@ -45,7 +45,7 @@ from bilinear_ir import files
 from bilinear_ir.data import embeddings
 from bilinear_ir.data import encoders
 from bilinear_ir.data import loaders
-from bilinear_ir.retrieval import latency
+from bilinear_ir import timing
 
 MODELS = {"minilm": "all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
 
@@ -95,7 +95,7 @@ def profile_matmuls(encoder: encoders.Encoder, rows: int, repeats: int) -> None:
 
     fns[f"torch {name}"] = torch_dot
     flops[name] = 2 * rows * k * m
-  ms = latency.timed_interleaved(fns, repeats=repeats, warmup=2)
+  ms = timing.timed_interleaved(fns, repeats=repeats, warmup=2)
   print(f"  matmuls alone, [{rows}, n] inputs (GFLOP/s, xla vs torch):")
   for name, fl in flops.items():
     x, t = fl / ms[f"xla {name}"] / 1e6, fl / ms[f"torch {name}"] / 1e6
@@ -156,7 +156,7 @@ def main() -> None:
   claims = [collection.queries[q] for q in sorted(collection.queries)]
   texts = collection.doc_strings()[:args.texts] + claims[:args.texts]
   cache_dir = embeddings.resolve_cache_dir(args.cache_dir)
-  hardware = (f"{latency.hardware()}; torch {torch.__version__} (inference_mode, "
+  hardware = (f"{timing.hardware()}; torch {torch.__version__} (inference_mode, "
               f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, threads chosen per case), "
               f"sentence-transformers {sentence_transformers.__version__}, transformers "
               f"{transformers.__version__}")
@@ -182,7 +182,7 @@ def main() -> None:
           return last[key]
         return call
 
-      ms = latency.timed_interleaved({k: keeping(k, fn) for k, fn in calls.items()},
+      ms = timing.timed_interleaved({k: keeping(k, fn) for k, fn in calls.items()},
                                      repeats=args.rounds, warmup=1)
       diff = float(np.abs(last["flax"] - last["torch"]).max())
       rate, peer_rate = len(texts) / ms["flax"] * 1e3, len(texts) / ms["torch"] * 1e3

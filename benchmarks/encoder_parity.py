@@ -42,7 +42,7 @@ from bilinear_ir import files
 from bilinear_ir.data import embeddings
 from bilinear_ir.data import encoders
 from bilinear_ir.data import loaders
-from bilinear_ir.retrieval import latency
+from bilinear_ir import timing
 
 MODELS = {"minilm": "all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
 BUCKET_STEP = 32
@@ -132,7 +132,7 @@ def main() -> None:
   claims = [collection.queries[q] for q in sorted(collection.queries)]
   texts = collection.doc_strings()[:args.texts] + claims[:args.texts]
   cache_dir = embeddings.resolve_cache_dir(args.cache_dir)
-  hardware = latency.hardware()
+  hardware = timing.hardware()
   print(f"hardware: {hardware}; torch {torch.__version__} ({torch.get_num_threads()} "
         f"threads), transformers {transformers.__version__}")
   print(f"texts: {len(texts)} ({args.texts} SciFact docs + {args.texts} claims); batch "

@@ -52,7 +52,7 @@ import scipy.sparse as sp  # noqa: E402
 from bilinear_ir import allocator, files  # noqa: E402
 from bilinear_ir.fidelity import experiments  # noqa: E402
 from bilinear_ir.fidelity import projections  # noqa: E402
-from bilinear_ir.retrieval import latency  # noqa: E402
+from bilinear_ir import timing  # noqa: E402
 
 PAPER_K_GRID = (32, 64, 128) + tuple(256 * j for j in range(1, 38))
 
@@ -208,7 +208,7 @@ def main():
     grid = grid + (args.k,)
   x, triples = make_data(args.rows, args.vocab, args.nnz, args.triples, args.seed)
   evals_per_trial = args.triples * len(grid)
-  hw = f"{latency.hardware()}; {blas_setup.describe()}"
+  hw = f"{timing.hardware()}; {blas_setup.describe()}"
   print(hw)
   print(f"rows {args.rows}, vocab {args.vocab}, nnz {x.nnz}, K {args.k}, grid {len(grid)} values, "
         f"triples {args.triples}, trials {args.trials}")

@@ -9,7 +9,7 @@ and `--batch` report queries. The whole grid of configurations (TopKPerEmbd(N), 
 CombTopK(N1, N2)) runs on the selection queries (printed as such); per algorithm, the fastest
 configuration reaching relative HR@100 >= `--target` there is chosen, and only the chosen ones
 are then measured on the report queries: their hit rates, and their latency timed interleaved
-with brute force (`latency.timed_interleaved`, rounds in rotating order, medians), so the reported
+with brute force (`timing.timed_interleaved`, rounds in rotating order, medians), so the reported
 numbers are not the ones N was picked on and a drifting machine favours neither side.
 
 Synthetic MoL (not real data: a documented generator, every draw from `--seed`):
@@ -32,19 +32,34 @@ warm runs of the jitted call for the batch (query components and the index preco
 whatever this machine is; speedup = brute-force latency / method latency in the same run.
 TopKAvg and CombTopK run with `tight_bound=False` (the paper's algorithms, no Theorem-3 scan);
 TopKPerEmbd's Theorem-2 bound comes free with its lists.
+
+Roofline bound per report row (`timing.roofline`, peaks measured at the start of the run and the
+float32 / bf16 matmuls again interleaved with the report rounds, the larger rate kept):
+max(FLOPs / the matmul peak, bytes / memory bandwidth) for the work the method must do (`work`):
+MoL-scoring an item costs 2 P d_P (logits) + 4 P H (the gating MLP, H = gate_hidden) FLOPs and
+reads its P_x d_P floats; brute force MoL-scores every item (float32: the float32 peak);
+TopKAvg(N) scans the avg table (2 d_P per item, N_items d_P floats) and MoL-scores N candidates
+per query; TopKPerEmbd(N) computes every item's P logits (2 P d_P) and MoL-scores P N candidates;
+CombTopK does both scans and MoL-scores P N1 + N2; the approximate methods run at the backend's
+default precision (TF32 on GPUs: the "default" peak). Fields: `bound_ms`, `ratio_vs_bound`,
+`peak_flops`, `bandwidth_gbs`.
+Torch peer (brute force only): the same MoL (logits, the same gating MLP weights, the mixture)
+with `torch.topk`, on a CUDA device where jax runs on a GPU (`torch_peer.setup`), float32 with
+TF32 off, `--chunk` items at a time: `peer_torch_ms`; elsewhere null with `note`.
 """
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bilinear_ir import allocator, files, scorers
+import torch_peer  # benchmarks/torch_peer.py
+from bilinear_ir import allocator, files, scorers, timing
 from bilinear_ir.retrieval import mol_topk
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
-from bilinear_ir.retrieval import latency
 
 HR_AT = (1, 10, 50, 100)
 
@@ -84,7 +99,7 @@ def synthetic(items: int, p_q: int, p_x: int, d_p: int, batch: int, seed: int,
 def timed(fn, repeats: int) -> tuple[mol_topk.MolTopK, float]:
   """Result of `fn()` (the warm-up call) and the median latency in ms of `repeats` warm runs."""
   out = jax.block_until_ready(fn())
-  return out, latency.timed(fn, repeats, warmup=0)
+  return out, timing.timed(fn, repeats, warmup=0)
 
 
 def hit_rates(ids: np.ndarray, truth: np.ndarray) -> dict[str, float]:
@@ -95,6 +110,66 @@ def hit_rates(ids: np.ndarray, truth: np.ndarray) -> dict[str, float]:
       out[str(k)] = float(np.mean([len(set(a[:k]) & set(b[:k])) / k
                                    for a, b in zip(ids.tolist(), truth.tolist())]))
   return out
+
+
+def work(cfg: dict | None, items: int, batch: int, p: int, d_p: int, hidden: int
+         ) -> tuple[float, float, str]:
+  """(FLOPs, bytes read, roofline dtype) of one method on one batch (module docstring).
+
+  Args:
+    cfg: a grid entry's call kwargs ({"fn": "per" / "avg" / "comb" / "exact", ...}) or None for
+      brute force.
+    items: N items; batch: B queries; p: P_q = P_x; d_p: d_P; hidden: the gate's hidden width.
+  """
+  num_p = p * p
+  mol_flops = 2.0 * num_p * d_p + 4.0 * num_p * hidden  # logits + gating MLP, per pair
+  item_bytes = 4.0 * p * d_p                             # one item's components
+  logits = (2.0 * batch * items * num_p * d_p, items * item_bytes)  # every item's P logits
+  avg = (2.0 * batch * items * d_p, 4.0 * items * d_p)              # the avg table scan
+
+  def rescore(n):
+    return (batch * n * mol_flops, batch * n * item_bytes)
+
+  if cfg is None:
+    return batch * items * mol_flops, items * item_bytes, "float32"
+  fn = cfg["fn"]
+  if fn == "avg":
+    parts = [avg, rescore(cfg["n"])]
+  elif fn == "per":
+    parts = [logits, rescore(num_p * cfg["n"])]
+  elif fn == "comb":
+    parts = [logits, avg, rescore(num_p * cfg["n1"] + cfg["n2"])]
+  else:  # exact two-pass: the per-component lists and the range scan, two passes over logits
+    return 2 * logits[0], 2 * logits[1], "float32"
+  return sum(x[0] for x in parts), sum(x[1] for x in parts), "default"
+
+
+def torch_brute_force(torch: Any, device: Any, params: Any, qc: np.ndarray, items: np.ndarray,
+                      k: int, temperature: float, chunk: int):
+  """torch's MoL brute force, the peer of `mol_topk.brute_force`: qc (B, P_q, d_P), items
+  (N, P_x, d_P), the gating MLP's params -> a call returning top-k ids [B, k]."""
+  t = lambda x: torch.from_numpy(np.array(x, np.float32)).to(device)  # a writable copy
+  gate = params["gate_net"]
+  w1, b1, w2, b2 = (t(gate["hidden"]["kernel"]), t(gate["hidden"]["bias"]),
+                    t(gate["out"]["kernel"]), t(gate["out"]["bias"]))
+  q, docs = t(qc), t(items)
+  n = docs.shape[0]
+
+  def run():
+    vals, ids = [], []
+    for start in range(0, n, chunk):
+      ic = docs[start:start + chunk]
+      logits = torch.einsum("bad,nxd->bnax", q, ic).flatten(2) / temperature  # (B, C, P)
+      gates = torch.softmax(torch.nn.functional.silu(logits @ w1 + b1) @ w2 + b2, dim=-1)
+      v, i = torch.topk((gates * logits).sum(-1), min(k, ic.shape[0]), dim=1)
+      vals.append(v)
+      ids.append(i + start)
+    _, pos = torch.topk(torch.cat(vals, 1), k, dim=1)
+    out = torch.gather(torch.cat(ids, 1), 1, pos)
+    torch_peer.sync(torch, device)
+    return out
+
+  return run
 
 
 def methods(args: argparse.Namespace) -> list[tuple[str, str, dict]]:
@@ -109,9 +184,11 @@ def methods(args: argparse.Namespace) -> list[tuple[str, str, dict]]:
   return out
 
 
-def run_workload(args: argparse.Namespace, items: int, p: int) -> tuple[list[dict], list[dict]]:
+def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer: tuple
+                 ) -> tuple[list[dict], list[dict]]:
   """One (items, P_q = P_x = p) workload: the grid on the selection queries, then the chosen
-  configurations on the report queries; prints both tables.
+  configurations on the report queries; prints both tables. `peaks`: `timing.measure_peaks()`;
+  `peer`: `torch_peer.setup(...)`.
 
   Returns:
     (selection rows, report rows).
@@ -125,6 +202,11 @@ def run_workload(args: argparse.Namespace, items: int, p: int) -> tuple[list[dic
                      clusters=max(1, items // args.items_per_cluster), zipf=args.zipf,
                      rho=args.rho)
   index = mol_topk.index_from_components(jnp.asarray(ic), p)
+  torch, device, torch_note = peer
+  torch_fn = None
+  if torch is not None:
+    torch_fn = torch_brute_force(torch, device, params, qc[args.select_batch:], ic, k,
+                                 args.temperature, args.chunk)
   del ic
   sources = {"selection": mol_topk.MolSource(jnp.asarray(qc[:args.select_batch]), index, params,
                                              module),
@@ -172,17 +254,36 @@ def run_workload(args: argparse.Namespace, items: int, p: int) -> tuple[list[dic
   fns = {"BruteForce": brute["report"]}
   for label, r in chosen.items():
     fns[label] = lambda cfg=r["cfg"]: call(rep_src, cfg)
-  ms = latency.timed_interleaved(fns, args.repeats, warmup=1)
+  torch_hr = None
+  if torch_fn is not None:
+    fns["torch"] = torch_fn
+    torch_hr = hit_rates(torch_fn().cpu().numpy(), report_truth).get("100")
+  probes, probe_flops = timing.peak_probes()  # the peaks again, in the same rounds
+  fastest = {}
+  ms = timing.timed_interleaved(fns | probes, args.repeats, warmup=1, fastest=fastest)
+  case_peaks = timing.with_interleaved_peaks(peaks, fastest, probe_flops)
+
+  def bound(cfg, row_ms):
+    flops, nbytes, dtype = work(cfg, items, args.batch, p, args.d_p, 128)
+    b = timing.roofline(flops, nbytes, dtype, case_peaks)
+    torch_ms = ms.get("torch")
+    return {**b, "ratio_vs_bound": round(row_ms / b["bound_ms"], 3),
+            "peer_torch_ms": torch_ms and round(torch_ms, 3),
+            "ratio_vs_torch_brute_force": round(torch_ms / row_ms, 3) if torch_ms else None,
+            "torch_hr_at_100": torch_hr,
+            "note": (f"torch peer: MoL brute force on {device}, float32 (TF32 off)"
+                     if torch_ms else f"no torch peer: {torch_note}")}
+
   report = [{"items": items, "P_q": p, "P_x": p, "queries": "report", "method": "BruteForce",
              "N": "-", "hr_rel": hit_rates(report_truth, report_truth), "ms": ms["BruteForce"],
-             "speedup_vs_brute": 1.0}]
+             "speedup_vs_brute": 1.0, **bound(None, ms["BruteForce"])}]
   for label, r in chosen.items():
     res = fns[label]()
     row = {"items": items, "P_q": p, "P_x": p, "queries": "report", "method": label, "N": r["N"],
            "chosen_on": f"selection queries: fastest with HR@100 >= {args.target}",
            "selection_hr_at_100": r["hr_rel"].get("100"),
            "hr_rel": hit_rates(np.asarray(res.ids), report_truth), "ms": ms[label],
-           "speedup_vs_brute": ms["BruteForce"] / ms[label]}
+           "speedup_vs_brute": ms["BruteForce"] / ms[label], **bound(r["cfg"], ms[label])}
     if label == "ExactTwoPass":
       row["fallback_fraction"] = float(np.mean(np.asarray(res.fallback)))
     report.append(row)
@@ -199,13 +300,17 @@ def run_workload(args: argparse.Namespace, items: int, p: int) -> tuple[list[dic
 def print_table(title: str, rows: list[dict]) -> None:
   """Prints rows as a markdown table under `title`."""
   print(f"\n### {title}\n")
-  print("| method | N | " + " | ".join(f"HR@{k}" for k in HR_AT) + " | ms | speedup |")
-  print("|---|---|" + "---|" * (len(HR_AT) + 2))
+  print("| method | N | " + " | ".join(f"HR@{k}" for k in HR_AT)
+        + " | ms | speedup | bound ms | ratio_vs_bound | torch brute ms |")
+  print("|---|---|" + "---|" * (len(HR_AT) + 5))
   for r in rows:
     hr = " | ".join(f"{r['hr_rel'].get(str(k), float('nan')):.3f}" for k in HR_AT)
     extra = f" (fallback {r['fallback_fraction']:.2f})" if "fallback_fraction" in r else ""
+    bound = (f"{r['bound_ms']:.2f} ({r['bound_limit']}) | {r['ratio_vs_bound']:.2f} | "
+             f"{r['peer_torch_ms'] if r['peer_torch_ms'] is not None else '-'}"
+             if "bound_ms" in r else "- | - | -")
     print(f"| {r['method']}{extra} | {r['N']} | {hr} | {r['ms']:.1f} | "
-          f"{r['speedup_vs_brute']:.1f}x |", flush=True)
+          f"{r['speedup_vs_brute']:.1f}x | {bound} |", flush=True)
 
 
 def main() -> None:
@@ -231,17 +336,24 @@ def main() -> None:
                       help="also run exact_two_pass with this max_range (0: skip)")
   parser.add_argument("--chunk", type=int, default=mol_topk.DEFAULT_CHUNK)
   parser.add_argument("--repeats", type=int, default=3, help="timed warm runs (median)")
+  parser.add_argument("--torch-device", default="cuda", choices=("cuda", "cpu"),
+                      help="torch brute-force peer: cuda (where jax runs on a GPU; elsewhere "
+                           "null with the reason) or cpu (a smoke test of the peer's code)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default=None, help="write the rows here")
   args = parser.parse_args()
 
-  hw = latency.hardware()
+  hw = timing.hardware()
   print(f"hardware: {hw}")
+  peaks = timing.measure_peaks(min(5, max(2, args.repeats)))
+  print(timing.peaks_line({"measured": peaks}))
+  peer = torch_peer.setup(args.torch_device)
+  print(f"torch peer: {peer[2] or peer[1]}")
   print(f"data: {DATA}")
   selection, report = [], []
   for items in args.items:
     for p in args.p:
-      sel, rep = run_workload(args, items, p)
+      sel, rep = run_workload(args, items, p, peaks, peer)
       selection += sel
       report += rep
 
@@ -262,8 +374,8 @@ def main() -> None:
       print(f"  P_q = P_x = {p}: no configuration reached HR@100 >= {args.target} on the "
             "selection queries")
   if args.json:
-    files.atomic_write_json(args.json, {"hardware": hw, "data": DATA, "rows": report,
-                                        "selection_rows": selection})
+    files.atomic_write_json(args.json, {"hardware": hw, "peaks": peaks, "data": DATA,
+                                        "rows": report, "selection_rows": selection})
 
 if __name__ == "__main__":
   main()

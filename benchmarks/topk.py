@@ -37,15 +37,29 @@ kernel is chosen the same way before numpy loads, `blas_setup.py`).
 Timing: `time.perf_counter` around the call + `block_until_ready`, one warm-up call, median of
 --repeats rounds; in each round every method and peer of the case is called twice, the second
 call timed (its data warm in the caches, as in back-to-back calls), in an order that rotates
-between rounds (`latency.timed_interleaved`), so a drifting machine speed favours none; tables
+between rounds (`timing.timed_interleaved`), so a drifting machine speed favours none; tables
 (doc tables, bf16 copies, FAISS index) are built before timing.
 ratio_vs_faiss = FAISS time / our time (> 1: faster than FAISS); ratio_vs_matmul = our time /
-bare jitted matmul `qt @ dt.T` time of the same shapes (the lower bound of a brute-force scan).
+bare jitted matmul `qt @ dt.T` time of the same shapes (a peer, not a bound: it writes the whole
+score matrix, which the scan never does).
+Roofline bound (`timing.roofline`, the peaks measured in this run: at the start, and the square
+matmuls again interleaved with each case's calls (their fastest call), the larger kept, so a
+shared machine's load drift cannot make the bound too loose): `bound_ms` = max(2 B N w FLOPs /
+the measured matmul peak at the scanned dtype, the table's and queries' bytes / the measured
+memory bandwidth: every core copying at once on a CPU, a device copy on a GPU);
+`ratio_vs_bound` = our time / bound_ms (`bound_limit` says which term); `peak_flops`,
+`bandwidth_gbs`. Torch peer (`torch_peer.py`, on a CUDA device only, `--torch-device`):
+`torch.topk(q @ d.T)` over chunks at its best chunk size, float32 with TF32 off and bf16:
+`peer_torch_ms`, `ratio_vs_torch` = torch time / ours, `torch_setting`; null with `note` where
+it does not run. `--chunks` also times our scan at other chunk sizes (`scan_chunk_ms`;
+`default_chunk` is the device's). Where `bf16_topk`'s ids differ from the float32 scan's,
+`other_ids` lists each such query's float64 gap and whether both lists are a correct top-k up to
+float32 rounding (`explained`: a near-tie, not a bug); `bf16_pays_here` is `certified.bf16_pays`.
 Each case also reports its achieved GFLOP/s (2 B N w / time; the certified case counts its bound
 scan's width r + 1) and table bandwidth (N w bytes / time) and their fractions of the device's
-peaks, measured in the same run (a copy and float32 / bf16 matmuls, `latency.measure_peaks`; on a
+peaks, measured in the same run (a copy and float32 / bf16 matmuls, `timing.measure_peaks`; on a
 shared machine a peak measured in a busy moment can make a fraction exceed 1) and, for known
-accelerators, from the data-sheet table (`latency.KNOWN_PEAKS`).
+accelerators, from the data-sheet table (`timing.KNOWN_PEAKS`).
 """
 from __future__ import annotations
 
@@ -67,7 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--scale", type=float, default=1.0, help="multiply every doc count (smoke runs)")
   p.add_argument("--devices", type=int, default=1,
                  help="shard our scans over this many devices (CPU: fake devices)")
-  p.add_argument("--peers", default="faiss,matmul,numpy", help="peers to time")
+  p.add_argument("--peers", default="faiss,matmul,numpy,torch",
+                 help="peers to time (torch: on a CUDA device only, see --torch-device)")
   p.add_argument("--repeats", type=int, default=5, help="timed runs (median)")
   p.add_argument("--decay", type=float, default=0.7, help="spectrum decay of the certified W")
   p.add_argument("--w-path", default=None, help=".npy W [n, n] for the certified case")
@@ -76,6 +91,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "or a name (SkylakeX, Haswell, ...)")
   p.add_argument("--no-faiss-tuning", action="store_true",
                  help="keep FAISS's default blocking instead of tuning it per case")
+  p.add_argument("--torch-device", default="cuda", choices=("cuda", "cpu"),
+                 help="torch peer device: cuda (only where jax runs on a GPU and torch has CUDA; "
+                      "elsewhere null with the reason) or cpu (a smoke test of the peer's code)")
+  p.add_argument("--chunks", default="",
+                 help="comma list of extra scan chunk sizes to time on the float32 cases "
+                      "(`scan_chunk_ms`; the default chunk is the device's, exact.default_chunk)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", default=None, help="write the results here")
   return p.parse_args(argv)
@@ -96,14 +117,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import faiss_peer  # noqa: E402  (benchmarks/faiss_peer.py)
+import torch_peer  # noqa: E402  (benchmarks/torch_peer.py)
 from bilinear_ir import allocator, files, scorers  # noqa: E402
-from bilinear_ir.retrieval import latency  # noqa: E402
+from bilinear_ir import timing  # noqa: E402
 from bilinear_ir.retrieval import certified, exact, sharded  # noqa: E402
 
 
 def hardware(setup: faiss_peer.FaissSetup | None) -> str:
-  """One line: the machine (retrieval.latency.hardware) and FAISS's configuration and check."""
-  return (f"{latency.hardware()}; {blas_setup.describe()}; "
+  """One line: the machine (timing.hardware) and FAISS's configuration and check."""
+  return (f"{timing.hardware()}; {blas_setup.describe()}; "
           + (setup.describe() if setup else "faiss not used"))
 
 
@@ -117,19 +139,53 @@ def certificate(rescored, num_docs: int) -> dict:
           "mean_rescored_others": round(float(rest.mean()), 2) if rest.size else None}
 
 
-def id_agreement(queries, docs, ids, truth_ids) -> dict:
-  """Where two exact top-k lists differ (ids [B, k] each, e.g. bf16_topk vs the float32 scan):
-  the number of queries whose lists differ (order included) and the largest difference between
-  the two lists' float64 scores, sorted (queries [B, w], docs [N, w]). A gap at the float32
-  rounding of a w-term dot product means the lists differ only by near-ties."""
+def id_agreement(queries, docs, ids, truth_ids, listed: int = 20) -> dict:
+  """Where two exact top-k lists differ (ids [B, k] each, e.g. bf16_topk vs the float32 scan).
+
+  Both methods claim the float32 top-k, so two lists may differ only where float32 rounding can
+  reorder docs: near-ties. For each query whose lists differ (order included; the first `listed`
+  of them), in float64: `gap`, the largest difference between the two lists' sorted scores; the
+  float32 rounding bound of one score, `rounding` = 2 w u max|q.d| terms (u = 2^-24: w products
+  and sums of |q_i d_i| <= |q| max|d|); and for each list whether it is a correct top-k up to
+  that rounding: its lowest float64 score >= the true float64 k-th score - 2 `rounding`.
+  `explained` is True when every listed query differs only by such near-ties (both lists
+  correct), i.e. the difference is float32 summation order, not a bug.
+
+  Args:
+    queries: [B, w]; docs: [N, w]; ids, truth_ids: [B, k].
+
+  Returns:
+    {"queries_with_other_ids", "max_float64_gap_of_other_ids", "other_ids": [{"query", "gap",
+     "rounding", "ours_correct", "fp32_correct"}], "explained"}.
+  """
   ids, truth_ids = np.asarray(ids), np.asarray(truth_ids)
   rows = np.flatnonzero((ids != truth_ids).any(axis=1))
   if not rows.size:
-    return {"queries_with_other_ids": 0, "max_float64_gap_of_other_ids": None}
-  q, d = np.asarray(queries, np.float64)[rows], np.asarray(docs)  # d: one copy to the host
-  score = lambda i: -np.sort(-np.einsum("bw,bkw->bk", q, d[i].astype(np.float64)), axis=1)
-  gap = float(np.max(np.abs(score(ids[rows]) - score(truth_ids[rows]))))
-  return {"queries_with_other_ids": int(rows.size), "max_float64_gap_of_other_ids": gap}
+    return {"queries_with_other_ids": 0, "max_float64_gap_of_other_ids": None, "other_ids": [],
+            "explained": True}
+  d = np.asarray(docs)  # one copy to the host
+  k, w = ids.shape[1], d.shape[1]
+  max_norm = float(np.sqrt(np.max(np.sum(np.square(d, dtype=np.float64), axis=1))))
+  listed_rows = []
+  gaps = []
+  for r in rows:
+    q = np.asarray(queries[r], np.float64)
+    score = lambda i, q=q: np.sort(d[i].astype(np.float64) @ q)[::-1]
+    gap = float(np.max(np.abs(score(ids[r]) - score(truth_ids[r]))))
+    gaps.append(gap)
+    if len(listed_rows) >= listed:
+      continue
+    every = np.concatenate([d[lo:lo + 65536].astype(np.float64) @ q
+                            for lo in range(0, d.shape[0], 65536)])
+    kth = float(np.partition(every, -k)[-k])
+    rounding = 2.0 * w * 2.0 ** -24 * float(np.linalg.norm(q)) * max_norm
+    ok = lambda i, kth=kth, rounding=rounding, every=every: bool(
+        every[i].min() >= kth - 2 * rounding)
+    listed_rows.append({"query": int(r), "gap": gap, "rounding": rounding,
+                        "ours_correct": ok(ids[r]), "fp32_correct": ok(truth_ids[r])})
+  return {"queries_with_other_ids": int(rows.size), "max_float64_gap_of_other_ids": max(gaps),
+          "other_ids": listed_rows,
+          "explained": all(x["ours_correct"] and x["fp32_correct"] for x in listed_rows)}
 
 
 def recall(found, truth) -> float:
@@ -144,10 +200,15 @@ class Runner:
   def __init__(self, args, peaks: dict):
     self.args = args
     self.peers = {p for p in args.peers.split(",") if p}
+    self.torch, self.torch_device, self.torch_note = (
+        torch_peer.setup(args.torch_device) if "torch" in self.peers
+        else (None, None, "torch peer not requested (--peers)"))
+    self.torch_settings = {}
     self.rng = np.random.default_rng(args.seed)
     self.mesh = sharded.doc_mesh(args.devices) if args.devices > 1 else None
     self.cases = []
     self.peaks = peaks
+    self.case_peaks = peaks["measured"]  # raised per case by time_all
     # The bare matmul at the scan's precision (float32 on every backend).
     self._mm = jax.jit(lambda a, b: jnp.matmul(a, b.T, precision=exact.PRECISION,
                                                preferred_element_type=jnp.float32))
@@ -199,21 +260,57 @@ class Runner:
       fns["matmul"] = lambda: self._mm(qt, dt)
     return fns
 
+  def torch_fn(self, q: np.ndarray, d: np.ndarray, k: int, dtype: str, fns: dict,
+               name: str = "torch") -> None:
+    """Adds torch's `torch.topk(q @ d.T)` over d [N, w] at its best chunk size (q [B, w]) to
+    `fns` as `name`, where the torch peer runs (`torch_peer.setup`)."""
+    if self.torch is None:
+      return
+    chunk, grid = torch_peer.best_chunk(self.torch, self.torch_device, q, d, k, dtype)
+    self.torch_settings[name] = {"chunk": chunk, "grid_ms": grid, "dtype": dtype}
+    print(f"  {name}: {dtype} on {self.torch_device}, chunk {chunk} (ms by chunk: {grid})",
+          flush=True)
+    fns[name] = torch_peer.topk_fn(self.torch, self.torch_device, q, d, k, dtype, chunk)
+
+  def chunk_variants(self, qt, dt, k: int, fns: dict) -> None:
+    """Adds our scan at each `--chunks` size to `fns` as `scan_c<chunk>`."""
+    for c in (int(x) for x in self.args.chunks.split(",") if x):
+      fns[f"scan_c{c}"] = lambda c=c: exact.topk(qt, dt, k, chunk=c)
+
   def time_all(self, fns: dict) -> dict:
     """Median ms of every call, timed interleaved, each timed call after an untimed one; None for
-    peers not selected."""
-    ms = latency.timed_interleaved(fns, self.args.repeats, warmup=1, rewarm=1)
+    peers not selected. The float32 and bf16 peak probes (`timing.peak_probes`) are timed in the
+    same rounds, and the bound of the cases recorded next uses the larger of each peak measured
+    at the start and here (`self.case_peaks`)."""
+    probes, flops = timing.peak_probes()
+    fastest = {}
+    ms = timing.timed_interleaved(fns | probes, self.args.repeats, warmup=1, rewarm=1,
+                                  fastest=fastest)
+    self.case_peaks = timing.with_interleaved_peaks(self.peaks["measured"], fastest, flops)
     return {name: ms.get(name) for name in ("faiss", "matmul", "numpy")} | ms
 
   def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, scan_dtype=None,
-             faiss_key="faiss", scan_width=None, **extra):
-    """Prints and keeps one case; `scan_dtype`: the dtype of the scanned table (FLOP/s and bytes;
-    default `dtype`); `faiss_key`: which FAISS peer's setting `ratio_vs_faiss` refers to;
-    `scan_width`: the width of the table scanned (FLOP/s and bytes; default w)."""
+             faiss_key="faiss", scan_width=None, torch_ms=None, torch_key="torch",
+             chunk_ms=None, **extra):
+    """Prints and keeps one case; `scan_dtype`: the dtype of the scanned table (FLOP/s, bytes and
+    the bound's peak; default `dtype`); `faiss_key`: which FAISS peer's setting `ratio_vs_faiss`
+    refers to; `scan_width`: the width of the table scanned (FLOP/s and bytes; default w);
+    `torch_ms`: the torch peer's time (`torch_key`: its setting); `chunk_ms`: our times at the
+    `--chunks` sizes.
+
+    The roofline bound (`timing.roofline`, peaks measured in this run): 2 B N w FLOPs at the
+    scanned dtype's matmul peak, and the bytes of the scanned table plus the queries read once.
+    """
     scan_dtype = scan_dtype or dtype
     sw = scan_width or w
     gflops = 2.0 * b * n * sw / ms / 1e6
-    gbs = n * sw * (2 if scan_dtype == "bfloat16" else 4) / ms / 1e6
+    table_bytes = n * sw * (2 if scan_dtype == "bfloat16" else 4)
+    gbs = table_bytes / ms / 1e6
+    bound = timing.roofline(2.0 * b * n * sw, table_bytes + 4.0 * b * w, scan_dtype,
+                            self.case_peaks)
+    bound["peaks_interleaved_gflops"] = {
+        k: self.case_peaks.get(k) for k in ("f32_gflops_interleaved", "bf16_gflops_interleaved")}
+    torch_setting = self.torch_settings.get(torch_key)
     case = {"name": name, "queries": b, "docs": n, "dim": w, "k": k, "dtype": dtype,
             "ms": round(ms, 3), "qps": round(1e3 * b / ms, 1),
             "ratio_vs_faiss": round(faiss_ms / ms, 3) if faiss_ms else None,
@@ -222,12 +319,21 @@ class Runner:
             "matmul_ms": matmul_ms and round(matmul_ms, 3),
             "faiss_setting": (self.faiss_settings.get(faiss_key) or {}).get("setting"),
             "gflops": round(gflops, 1), "table_gb_per_s": round(gbs, 2),
-            **latency.fractions(gflops, gbs, scan_dtype, self.peaks), **extra}
+            **timing.fractions(gflops, gbs, scan_dtype, self.peaks),
+            **bound, "ratio_vs_bound": round(ms / bound["bound_ms"], 3),
+            "peer_torch_ms": torch_ms and round(torch_ms, 3),
+            "ratio_vs_torch": round(torch_ms / ms, 3) if torch_ms else None,
+            "torch_setting": torch_setting,
+            "note": None if torch_ms else f"no torch peer: {self.torch_note or 'not timed'}",
+            **({"scan_chunk_ms": {c: round(v, 3) for c, v in chunk_ms.items()}}
+               if chunk_ms else {}),
+            "default_chunk": exact.default_chunk(k, b), **extra}
     self.cases.append(case)
     more = " ".join(f"{key}={val}" for key, val in extra.items())
-    print(f"{name:42s} {ms:9.1f} ms {case['qps']:10.1f} q/s  vs faiss "
-          f"{case['ratio_vs_faiss']}  vs matmul {case['ratio_vs_matmul']}  "
-          f"{gflops:.0f} GFLOP/s  [{method}] {more}", flush=True)
+    print(f"{name:42s} {ms:9.1f} ms {case['qps']:10.1f} q/s  bound {bound['bound_ms']:.1f} ms "
+          f"({bound['bound_limit']}) ratio_vs_bound {case['ratio_vs_bound']}  vs faiss "
+          f"{case['ratio_vs_faiss']}  vs matmul {case['ratio_vs_matmul']}  vs torch "
+          f"{case['ratio_vs_torch']}  {gflops:.0f} GFLOP/s  [{method}] {more}", flush=True)
 
   # ---- cases -----------------------------------------------------------------------------------
 
@@ -239,24 +345,31 @@ class Runner:
     low, norm = certified.bf16_table(dj)
     ql = qj.astype(jnp.bfloat16)
     fns = self.peers_of(q, d, qj, dj, k)
+    self.torch_fn(q, d, k, "float32", fns)
+    self.torch_fn(q, d, k, "bfloat16", fns, name="torch_bf16")
     if self.args.dtype == "float32":
       fns["scan"] = self.scan(qj, dj, k)
+      self.chunk_variants(qj, dj, k, fns)
     fns["bf16cand"] = lambda: certified.bf16_topk(qj, dj, k, doc_table_bf16=low,
                                                   max_doc_norm=norm)
     fns["bf16"] = self.scan(ql, low, k)
     ms = self.time_all(fns)
+    chunk_ms = {int(name[6:]): v for name, v in ms.items() if name.startswith("scan_c")}
+    pays = certified.bf16_pays()
     if "scan" in ms:
       self.record(tag, b, n, w, k, "float32", ms["scan"], ms["faiss"], ms["matmul"],
-                  "exact.topk float32 scan")
+                  "exact.topk float32 scan", torch_ms=ms.get("torch"), chunk_ms=chunk_ms)
     res = fns["bf16cand"]()
     same = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
     self.record("bf16cand_" + tag, b, n, w, k, "float32", ms["bf16cand"], ms["faiss"],
                 ms["matmul"], "certified.bf16_topk (bf16 scan + fp32 rescore, exact)",
-                scan_dtype="bfloat16", same_ids_as_fp32=same, **certificate(res.rescored, n),
+                scan_dtype="bfloat16", torch_ms=ms.get("torch"), same_ids_as_fp32=same,
+                bf16_pays_here=pays, **certificate(res.rescored, n),
                 **id_agreement(qj, dj, res.ids, truth.ids))
     rec = recall(exact.topk(ql, low, k).ids, truth.ids)
     self.record("bf16_" + tag, b, n, w, k, "bfloat16", ms["bf16"], ms["faiss"], ms["matmul"],
-                "exact.topk on a bf16 table (approximate)", recall_vs_fp32=round(rec, 4))
+                "exact.topk on a bf16 table (approximate)", torch_ms=ms.get("torch_bf16"),
+                torch_key="torch_bf16", recall_vs_fp32=round(rec, 4))
 
   def lowrank(self, b, n, w, k, r):
     q, d = self.data(b, n, w)
@@ -271,6 +384,7 @@ class Runner:
     fns = self.peers_of(np.asarray(qt), np.asarray(dt), qt, dt, k)
     if "faiss" in self.peers:
       fns["faiss_full_width"] = self.faiss_fn(q, d, k, name="faiss_full_width")
+    self.torch_fn(np.asarray(qt), np.asarray(dt), k, "float32", fns)
     fns["scan"] = self.scan(qt, dt, k)
     ms = self.time_all(fns)
     full = ms.get("faiss_full_width")
@@ -279,6 +393,7 @@ class Runner:
                 ms["faiss"], ms["matmul"],
                 f"exact.topk over rank-{r} tables (width {width}); FAISS peer over the same "
                 f"tables, full-width FAISS at width {w}",
+                torch_ms=ms.get("torch"),
                 ratio_vs_faiss_full_width=round(full / ms["scan"], 3) if full else None,
                 faiss_full_width_ms=full and round(full, 3),
                 faiss_full_width_setting=full_setting)
@@ -295,19 +410,27 @@ class Runner:
         order = np.argsort(-np.take_along_axis(s, part, 1), axis=1, kind="stable")
         return np.take_along_axis(part, order, 1)
       fns["numpy"] = numpy_topk
+    self.torch_fn(q, d, k, "float32", fns)
     fns["scan"] = self.scan(qj, dj, k)
+    self.chunk_variants(qj, dj, k, fns)
     fns["bf16cand"] = lambda: certified.bf16_topk(qj, dj, k, doc_table_bf16=low,
                                                   max_doc_norm=norm)
     ms = self.time_all(fns)
+    chunk_ms = {int(name[6:]): v for name, v in ms.items() if name.startswith("scan_c")}
     for name, method in (("scan", "exact.topk float32 scan"),
                          ("bf16cand", "certified.bf16_topk (exact)")):
       extra = {}
       if ms["numpy"]:
         extra = {"numpy_ms": round(ms["numpy"], 3),
                  "ratio_vs_numpy": round(ms["numpy"] / ms[name], 3)}
+      if name == "scan":
+        extra["chunk_ms"] = chunk_ms
+      else:
+        extra["bf16_pays_here"] = certified.bf16_pays()
       self.record(("" if name == "scan" else "bf16cand_") + f"q{b}_d{n}_n{w}_k{k}", b, n, w, k,
                   "float32", ms[name], ms["faiss"], ms["matmul"], method,
-                  scan_dtype="bfloat16" if name == "bf16cand" else None, **extra)
+                  scan_dtype="bfloat16" if name == "bf16cand" else None,
+                  torch_ms=ms.get("torch"), **extra)
 
   def certified_case(self, b, n, w, k, r):
     q, d = self.data(b, n, w)
@@ -329,10 +452,12 @@ class Runner:
     fns = self.peers_of(np.asarray(qw), d, qw, dj, k) | {
         "full_w_scan": self.scan(qw, dj, k),
         "certified": lambda: certified.certified_topk(index, qj, k)}
+    self.torch_fn(np.asarray(qw), d, k, "float32", fns)  # torch over the full-W tables
     ms = self.time_all(fns)
     self.record(f"certified_r{r}_q{b}_d{n}_n{w}_k{k}", b, n, w, k, "float32", ms["certified"],
                 ms["faiss"], ms["matmul"], f"certified.certified_topk rank {r} ({source})",
                 scan_width=r + 1,  # FLOP/s and bytes of its bound scan (width r + 1)
+                torch_ms=ms.get("torch"),
                 fraction_rescored=round(float(np.mean(np.asarray(res.rescored))) / n, 6),
                 speedup_vs_full_w_scan=round(ms["full_w_scan"] / ms["certified"], 3),
                 full_w_scan_ms=round(ms["full_w_scan"], 3), same_ids_as_full_w=same,
@@ -343,11 +468,12 @@ def main(args) -> None:
   # FAISS's BLAS is chosen (and faiss imported) before anything else touches it.
   setup = faiss_peer.configure(args.faiss_coretype) if "faiss" in args.peers else None
   allocator.keep_freed_memory()  # as the project's binary does (bilinear_ir.allocator)
-  peaks = {"measured": latency.measure_peaks(), "table": latency.known_peaks()}
+  peaks = {"measured": timing.measure_peaks(min(5, max(2, args.repeats))),
+           "table": timing.known_peaks()}
   run = Runner(args, peaks)
   hw = hardware(setup)
   print(hw, flush=True)
-  print(latency.peaks_line(peaks), flush=True)
+  print(timing.peaks_line(peaks), flush=True)
   size = lambda default: max(args.k, int(round((args.docs or default) * args.scale)))
   w = args.dim or 384
   b = args.queries
@@ -365,8 +491,9 @@ def main(args) -> None:
     sys.exit(f"unknown case(s) {sorted(unknown)}; known: {list(plan)}")
   for name in chosen:
     plan[name]()
-  if args.json:
-    files.atomic_write_json(args.json, {"hardware": hw, "peaks": peaks, "cases": run.cases})
+    if args.json:  # after every case: a run stopped at a time limit keeps what it measured
+      files.atomic_write_json(args.json, {"hardware": hw, "peaks": peaks, "cases": run.cases,
+                                          "torch": run.torch_note or str(run.torch_device)})
 
 
 if __name__ == "__main__":

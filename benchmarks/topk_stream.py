@@ -19,14 +19,23 @@ Cases (per dtype and query count B, k = `--k`):
                                    over the memory-mapped shards (exact float32 top-k).
   bf16stream_q{B}_d{N}_n{w}_k{k}   the same on the bf16 index (half the bytes; bf16 scores with
                                    float32 accumulation, approximate): recall@k vs float32.
-Timing is interleaved (`latency.timed_interleaved`, rounds in rotating order, medians), in two
+Timing is interleaved (`timing.timed_interleaved`, rounds in rotating order, medians), in two
 phases:
   1. ours and the read bound, nothing else resident (the page cache keeps what RAM allows: on the
      development machine, 24 GiB, the 13.5 GB of float32 shards stay cached between rounds):
        ours  the streamed search (`ms`, `qps`);
-       read  one sequential read of the same shard files (`readinto` a reused buffer, 64 MiB at
-             a time): `read_bound_ms`; `ratio_vs_read` = ours / read (goal for 32 queries:
-             <= 1.25).
+       read  the disk (or page-cache) read of the same shard files, in parallel: `--read-threads`
+             threads (default max(8, cores), at most one per shard) each read whole shards
+             (`readinto` a reused 64 MiB buffer per thread): `read_bound_ms`, `read_threads`;
+             `ratio_vs_read` = ours / read (goal for 32 queries: <= 1.25). A figure of its own,
+             not part of the roofline bound below.
+Every case also carries the roofline bound (`timing.roofline`, peaks measured at the start of
+the run: memory bandwidth with every core, float32 / bf16 matmul peaks, the matmuls again timed
+interleaved with each case and the larger rate kept): max(2 B N w FLOPs / the
+matmul peak of the index's dtype, the index's bytes / memory bandwidth) as `bound_ms`,
+`ratio_vs_bound`, `peak_flops`, `bandwidth_gbs`; it is the bound with the shards in memory, so
+with shards on disk the read is the limit instead. `peer_torch_ms` is null (with `note`): there
+is no torch peer over memory-mapped shards.
   2. FAISS IndexFlatIP over the float32 rows held in RAM (the peer), only if MemAvailable exceeds
      the table by 2 GiB (checked before loading; said in the output when not), in the
      configuration of `faiss_peer` (BLAS core type probed, blocking tuned on the case), timed
@@ -39,6 +48,7 @@ The output prints MemAvailable and the table sizes, so which regime each number 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -72,6 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--peers", default="faiss,read", help="peers: faiss, read")
   p.add_argument("--faiss-coretype", default="auto",
                  help="auto (probe), default (OpenBLAS's detection) or a core type name")
+  p.add_argument("--read-threads", type=int, default=None,
+                 help="parallel readers of the read figure (default max(8, cores), at most one "
+                      "per shard)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--generate-only", action="store_true", help="write the index and stop")
   p.add_argument("--json", default=None, help="write the results here")
@@ -87,7 +100,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from bilinear_ir import allocator, files  # noqa: E402
 from bilinear_ir.retrieval import index as doc_index  # noqa: E402
-from bilinear_ir.retrieval import latency  # noqa: E402
+from bilinear_ir import timing  # noqa: E402
 
 
 class SyntheticDocs:
@@ -149,18 +162,24 @@ def shard_paths(index: doc_index.DocIndex) -> list[str]:
   return [os.path.join(index.directory, e["rows"]) for e in index.manifest["shards"]]
 
 
-def read_all(paths: list[str], buf: bytearray) -> int:
-  """One sequential read of every file into `buf` (reused), 64 MiB at a time; bytes read."""
+def read_file(path: str, buf: bytearray) -> int:
+  """One sequential read of a file into `buf` (reused), len(buf) bytes at a time; bytes read."""
   view = memoryview(buf)
   total = 0
-  for path in paths:
-    with open(path, "rb", buffering=0) as f:
-      while True:
-        n = f.readinto(view)
-        if not n:
-          break
-        total += n
+  with open(path, "rb", buffering=0) as f:
+    while True:
+      n = f.readinto(view)
+      if not n:
+        break
+      total += n
   return total
+
+
+def read_all(paths: list[str], bufs: list[bytearray], pool) -> int:
+  """Reads every file once, len(bufs) files at a time in parallel (file i into buffer i mod
+  len(bufs), on `pool`'s threads; `readinto` releases the GIL); bytes read."""
+  groups = [paths[i::len(bufs)] for i in range(len(bufs))]
+  return sum(pool.map(lambda pb: sum(read_file(p, pb[1]) for p in pb[0]), zip(groups, bufs)))
 
 
 def faiss_in_ram(index: doc_index.DocIndex):
@@ -184,7 +203,8 @@ def faiss_in_ram(index: doc_index.DocIndex):
 
 
 def print_case(case: dict) -> None:
-  keys = ("read_bound_ms", "ratio_vs_read", "recall_vs_fp32", "faiss_ms", "ms_faiss_resident",
+  keys = ("bound_ms", "bound_limit", "ratio_vs_bound", "read_bound_ms", "ratio_vs_read",
+          "recall_vs_fp32", "faiss_ms", "ms_faiss_resident",
           "ratio_vs_faiss", "read_bound_ms_faiss_resident", "ratio_vs_read_faiss_resident",
           "same_ids_as_faiss")
   extra = " ".join(f"{k}={case[k]}" for k in keys if k in case)
@@ -198,7 +218,7 @@ def main(args: argparse.Namespace) -> None:
   indexes = {d: ensure_index(os.path.join(args.dir, d), args, d) for d in dtypes}
   if args.generate_only:
     return
-  hw = (f"{latency.hardware()}; {blas_setup.describe()}"
+  hw = (f"{timing.hardware()}; {blas_setup.describe()}"
         + ("; " + FAISS.describe() if FAISS else ""))
   print(hw, flush=True)
   total = {d: sum(os.path.getsize(p) for p in shard_paths(ix)) for d, ix in indexes.items()}
@@ -208,7 +228,13 @@ def main(args: argparse.Namespace) -> None:
         + f"; MemAvailable {(meminfo() or 0) / 2**30:.1f} GiB of "
         f"{(meminfo('MemTotal') or 0) / 2**30:.1f}", flush=True)
   peers = {p for p in args.peers.split(",") if p}
-  buf = bytearray(READ_BYTES)
+  peaks = timing.measure_peaks(min(5, max(2, args.repeats)))
+  probes, probe_flops = timing.peak_probes()  # timed with each case too (the larger peak kept)
+  print(timing.peaks_line({"measured": peaks}), flush=True)
+  most = max(len(ix.manifest["shards"]) for ix in indexes.values())
+  threads = min(most, args.read_threads or max(8, os.cpu_count() or 1))
+  bufs = [bytearray(READ_BYTES) for _ in range(threads)]
+  pool = concurrent.futures.ThreadPoolExecutor(threads)
   rng = np.random.default_rng(args.seed + 1)
   counts = [int(x) for x in args.queries.split(",") if x]
   queries = {b: rng.standard_normal((b, args.dim), dtype=np.float32) for b in counts}
@@ -219,7 +245,7 @@ def main(args: argparse.Namespace) -> None:
   def fns_of(ix, qj):
     fns = {"ours": lambda: ix.search(qj, args.k)}
     if "read" in peers:
-      fns["read"] = lambda paths=shard_paths(ix): read_all(paths, buf)
+      fns["read"] = lambda paths=shard_paths(ix): read_all(paths, bufs, pool)
     return fns
 
   # Phase 1: ours and the read bound, the page cache as this machine leaves it (nothing else
@@ -228,7 +254,10 @@ def main(args: argparse.Namespace) -> None:
   for b in counts:
     qj = jnp.asarray(queries[b])
     for dtype, ix in indexes.items():
-      ms = latency.timed_interleaved(fns_of(ix, qj), args.repeats, warmup=1)
+      fastest = {}
+      ms = timing.timed_interleaved(fns_of(ix, qj) | probes, args.repeats, warmup=1,
+                                    fastest=fastest)
+      case_peaks = timing.with_interleaved_peaks(peaks, fastest, probe_flops)
       res = ix.search(qj, args.k)
       found[dtype, b] = np.asarray(res.ids)
       case = {"name": name_of(dtype, b), "queries": b, "docs": args.docs, "dim": args.dim,
@@ -239,8 +268,13 @@ def main(args: argparse.Namespace) -> None:
               "method": f"DocIndex.search (exact.topk_stream over "
                         f"{len(indexes[dtype].manifest['shards'])} memory-mapped {dtype} shards)",
               "mem_available_gib": round((meminfo() or 0) / 2**30, 1)}
+      bound = timing.roofline(2.0 * b * args.docs * args.dim, total[dtype] + 4.0 * b * args.dim,
+                              dtype, case_peaks)
+      case |= {**bound, "ratio_vs_bound": round(ms["ours"] / bound["bound_ms"], 3),
+               "peer_torch_ms": None,
+               "note": "no torch peer: torch has no reader of memory-mapped shards here"}
       if "read" in ms:
-        case |= {"read_bound_ms": round(ms["read"], 1),
+        case |= {"read_bound_ms": round(ms["read"], 1), "read_threads": threads,
                  "read_gb_per_s": round(total[dtype] / ms["read"] / 1e6, 2),
                  "ratio_vs_read": round(ms["ours"] / ms["read"], 3)}
       if dtype != "float32" and ("float32", b) in found:
@@ -271,7 +305,7 @@ def main(args: argparse.Namespace) -> None:
         fns = fns_of(ix, qj)
         fns["faiss"] = lambda q=q, setting=setting: (faiss_peer.set_blocking(*setting),
                                                      flat.search(q, args.k))
-        ms = latency.timed_interleaved(fns, args.repeats, warmup=1)
+        ms = timing.timed_interleaved(fns, args.repeats, warmup=1)
         case = cases[dtype, b]
         case |= {"faiss_ms": round(ms["faiss"], 1),
                  "ms_faiss_resident": round(ms["ours"], 1),
@@ -290,7 +324,8 @@ def main(args: argparse.Namespace) -> None:
         print_case(case)
   cases = list(cases.values())
   if args.json:
-    files.atomic_write_json(args.json, {"hardware": hw, "faiss": faiss_note, "cases": cases})
+    files.atomic_write_json(args.json, {"hardware": hw, "peaks": peaks, "faiss": faiss_note,
+                                        "cases": cases})
 
 
 if __name__ == "__main__":

@@ -75,15 +75,15 @@ import optax
 from bilinear_ir import allocator, files, scorers
 from bilinear_ir.data.batches import BatchSampler, TrainSet
 from bilinear_ir.train import trainer
-from bilinear_ir.retrieval import latency
+from bilinear_ir import timing
 from bilinear_ir import defaults
 
 CASES = {"bilinear": {}, "lowrank": {"rank": 32, "residual": "none"}}
 
 
 def hardware(torch_version: str) -> str:
-  """The machine (retrieval.latency.hardware), torch version and its OpenMP wait policy."""
-  return (f"{latency.hardware()}; torch {torch_version} (OMP_WAIT_POLICY="
+  """The machine (timing.hardware), torch version and its OpenMP wait policy."""
+  return (f"{timing.hardware()}; torch {torch_version} (OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, threads chosen per case)")
 
 
@@ -142,7 +142,7 @@ def time_fit(module: Any, params: Any, queries: np.ndarray, docs: np.ndarray, ts
 
 def torch_loop(torch: Any, case: str, params: Any, queries: np.ndarray, docs: np.ndarray,
                ts: TrainSet, cfg: ml_collections.ConfigDict, warmup: int, seed: int,
-               compiled: bool = False, threads: int | None = None
+               compiled: bool = False, threads: int | None = None, device: str = "cpu"
                ) -> tuple[float, dict[int, float]]:
   """Trains the same model with torch for `cfg.steps` steps; seconds of the steps after `warmup`.
 
@@ -150,6 +150,8 @@ def torch_loop(torch: Any, case: str, params: Any, queries: np.ndarray, docs: np
     compiled: compile the loss + backward and the optimizer step (`torch.compile`, module
       docstring); eager otherwise.
     threads: torch's intra-op threads (default os.cpu_count()).
+    device: "cpu" or "cuda" (embeddings, params and each batch on it; the clock is read after
+      `torch.cuda.synchronize()`).
 
   Returns:
     (seconds of steps warmup .. cfg.steps - 1, {step: loss} logged every `cfg.eval_every` steps
@@ -157,23 +159,25 @@ def torch_loop(torch: Any, case: str, params: Any, queries: np.ndarray, docs: np
   """
   import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads or os.cpu_count())
-  qf, df = torch.from_numpy(queries), torch.from_numpy(docs)
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+  qf, df = torch.from_numpy(queries).to(device), torch.from_numpy(docs).to(device)
+  tensor = lambda x: torch.tensor(np.asarray(x), device=device)
   if case == "bilinear":
-    w = torch.nn.Parameter(torch.tensor(np.asarray(params["W"])))
+    w = torch.nn.Parameter(tensor(params["W"]))
     weights = [w]
     score = lambda q, d: (q @ w) @ d.T  # [B, C], the association of bilinear.score_all
   else:
-    p = torch.nn.Parameter(torch.tensor(np.asarray(params["P"])))
-    qm = torch.nn.Parameter(torch.tensor(np.asarray(params["Q"])))
+    p = torch.nn.Parameter(tensor(params["P"]))
+    qm = torch.nn.Parameter(tensor(params["Q"]))
     weights = [p, qm]
     score = lambda q, d: (q @ p) @ (d @ qm).T  # [B, C]
   # A tensor learning rate lets the compiled step follow the schedule without recompiling.
-  opt = torch.optim.AdamW(weights, lr=torch.tensor(cfg.lr) if compiled else cfg.lr,
+  opt = torch.optim.AdamW(weights, lr=torch.tensor(cfg.lr, device=device) if compiled else cfg.lr,
                           betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg.weight_decay)
   lrs = learning_rates(cfg, cfg.steps)
   sampler = BatchSampler(ts, cfg.batch_size, cfg.hard_negatives, cfg.random_negatives,
                          cfg.in_batch, seed)
-  labels = torch.arange(cfg.batch_size)
+  labels = torch.arange(cfg.batch_size, device=device)
 
   def loss_fn(q_rows, cand_rows, mask):
     q, d = qf[q_rows], df[cand_rows]  # [B, n], [C, n]
@@ -189,10 +193,12 @@ def torch_loop(torch: Any, case: str, params: Any, queries: np.ndarray, docs: np
   start = time.perf_counter()
   for step in range(cfg.steps):
     if step == warmup:
+      sync()
       start = time.perf_counter()
     batch = sampler.batch(step)
-    loss = loss_fn(torch.from_numpy(batch.q_rows).long(), torch.from_numpy(batch.cand_rows).long(),
-                   torch.from_numpy(batch.mask))
+    loss = loss_fn(torch.from_numpy(batch.q_rows).long().to(device),
+                   torch.from_numpy(batch.cand_rows).long().to(device),
+                   torch.from_numpy(batch.mask).to(device))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(weights, cfg.clip_norm)
@@ -206,6 +212,7 @@ def torch_loop(torch: Any, case: str, params: Any, queries: np.ndarray, docs: np
     done = step + 1
     if done % cfg.eval_every == 0 or done == cfg.steps:
       logged[done] = float(loss.detach())
+  sync()
   return time.perf_counter() - start, logged
 
 
@@ -238,7 +245,10 @@ def run_case(torch: Any, case: str, n: int, args: argparse.Namespace) -> dict[st
   elif torch is not None:
     note = "torch.compile peer not requested (--no-compile)"
   threads = os.cpu_count()
-  if torch is not None and args.torch_threads == "auto":
+  device = args.torch_device
+  if torch is not None and device == "cuda":
+    threads = None  # the GPU loop: host threads do not matter
+  elif torch is not None and args.torch_threads == "auto":
     probe = train_cfg(args.batch, args.warmup + 30, args.steps_per_call)
     probe.eval_every = args.warmup
     tried = {th: torch_loop(torch, case, params, queries, docs, ts, probe, args.warmup,
@@ -246,7 +256,7 @@ def run_case(torch: Any, case: str, n: int, args: argparse.Namespace) -> dict[st
     threads = min(tried, key=tried.get)
     print(f"  {case} n={n}: torch threads {threads} (30 eager steps took "
           + ", ".join(f"{v:.3f} s with {th}" for th, v in tried.items()) + ")", flush=True)
-  elif torch is not None:
+  elif torch is not None and device == "cpu":
     threads = int(args.torch_threads)
   times = {side: [] for side in sides}
   runs, losses = [], {}
@@ -259,14 +269,15 @@ def run_case(torch: Any, case: str, n: int, args: argparse.Namespace) -> dict[st
       elif side == "compiled" and "compiled" in times:
         try:
           sec, losses[side] = torch_loop(torch, case, params, queries, docs, ts, cfg,
-                                         args.warmup, args.seed, compiled=True, threads=threads)
+                                         args.warmup, args.seed, compiled=True, threads=threads,
+                                         device=device)
           times[side].append(sec)
         except Exception as e:  # pylint: disable=broad-except
           note = f"torch.compile failed on this machine: {type(e).__name__}: {str(e)[:300]}"
           del times[side]
       elif side == "torch":
         sec, losses[side] = torch_loop(torch, case, params, queries, docs, ts, cfg, args.warmup,
-                                       args.seed, threads=threads)
+                                       args.seed, threads=threads, device=device)
         times[side].append(sec)
   ours = np.asarray(times["ours"])
   ours_s = float(np.median(ours))
@@ -276,6 +287,7 @@ def run_case(torch: Any, case: str, n: int, args: argparse.Namespace) -> dict[st
          "ms_per_step": ours_s / args.steps * 1e3, "sampling_ms_per_step": sample_ms,
          "fit_first_s": runs[0], "matmul_precision": cfg.matmul_precision,
          "torch_threads": threads if torch is not None else None,
+         "torch_device": device if torch is not None else None,
          "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
   for side, key in (("torch", "torch"), ("compiled", "torch_compiled")):
     if side in times and times[side]:
@@ -286,7 +298,7 @@ def run_case(torch: Any, case: str, n: int, args: argparse.Namespace) -> dict[st
               f"{key}_ms_per_step": float(np.median(theirs)) / args.steps * 1e3}
     else:
       row |= {f"{key}_examples_per_s": None, f"ratio_vs_{key}": None}
-  row["note"] = note
+  row["note"] = note if torch is not None else args.torch_note
   row["losses"] = [{"step": h["step"], "ours": h["loss"],
                     **{side: losses[side].get(h["step"]) for side in losses}}
                    for h in history if any(h["step"] in v for v in losses.values())]
@@ -320,9 +332,14 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--no-torch", action="store_true",
                   help="time ours only (e.g. on an accelerator, where the CPU torch peer is not a "
                        "like-for-like peer); ratios are null")
+  ap.add_argument("--torch-device", default="auto", choices=("auto", "cpu", "cuda"),
+                  help="the torch peer's device: auto (cuda where jax runs on a GPU, else cpu)")
   ap.add_argument("--json", default=None, help="write the results here")
   args = ap.parse_args(argv)
   torch = None
+  args.torch_note = "torch peer not requested (--no-torch)"
+  if args.torch_device == "auto":
+    args.torch_device = "cuda" if jax.default_backend() == "gpu" else "cpu"
   if args.omp_wait_policy and "OMP_WAIT_POLICY" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # read when libgomp loads (with torch)
   if not args.no_torch:
@@ -331,6 +348,14 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
       sys.exit("train_throughput needs PyTorch for its peer: pip install torch==2.13.0 "
                "(the CPU wheel; torch is not a dependency of bilinear_ir), or pass --no-torch")
+    if args.torch_device == "cuda" and not torch.cuda.is_available():
+      args.torch_note = (f"no torch peer: torch {torch.__version__} has no CUDA device (jax runs "
+                         f"on {jax.default_backend()})")
+      torch = None
+    elif args.torch_device == "cuda":
+      # ours runs at the backend's default matmul precision (train.matmul_precision "default":
+      # TF32 on NVIDIA GPUs); torch's float32 matmuls do the same with TF32 allowed.
+      torch.backends.cuda.matmul.allow_tf32 = True
   cases = [c.strip() for c in args.cases.split(",") if c.strip()]
   unknown = sorted(set(cases) - set(CASES))
   if unknown:
@@ -344,7 +369,9 @@ def main(argv: list[str] | None = None) -> None:
   if "lowrank" in cases and min(dims) < CASES["lowrank"]["rank"]:
     sys.exit(f"lowrank needs n >= its rank {CASES['lowrank']['rank']}")
   hw = hardware(torch.__version__ if torch is not None else "not used")
-  if torch is not None and args.compile:
+  if torch is not None and args.torch_device == "cuda":
+    hw += f"; torch on {torch.cuda.get_device_name(0)} (TF32 matmuls, as ours)"
+  if torch is not None and args.compile and args.torch_device == "cpu":
     import torch._inductor.config as inductor_config  # pylint: disable=g-import-not-at-top
     hw += (f"; torch.compile: inductor {inductor_config.cpu_backend} backend, "
            f"cpp compiler {inductor_config.cpp.cxx[0] or 'default'}")

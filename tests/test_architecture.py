@@ -3,7 +3,7 @@
 The parts of `bilinear_ir` form layers, and a part imports only parts in layers below its own:
 
   main -> jobs -> experiment -> synthetic -> {train, retrieval, fidelity} -> data
-  -> {scorers, eval, lowrank} -> {errors, files, allocator, defaults, progress}
+  -> {scorers, eval, lowrank} -> {errors, files, allocator, defaults, progress, timing}
 
 So the jobs say what runs and the experiment protocol (`experiment/`: training with dev
 selection, rows, comparisons, evaluation, the re-ranking setting) sits between them and the
@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "bilinear_ir")
 
 LAYERS = (
-    ("errors", "files", "allocator", "defaults", "progress"),
+    ("errors", "files", "allocator", "defaults", "progress", "timing"),
     ("scorers", "eval", "lowrank"),
     ("data",),
     ("train", "retrieval", "fidelity"),
@@ -36,7 +36,7 @@ LAYERS = (
 )
 LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 # The bottom layer's modules may import each other only in this order (each the ones before it).
-BOTTOM_ORDER = ("errors", "files", "allocator", "defaults", "progress")
+BOTTOM_ORDER = ("errors", "files", "allocator", "defaults", "progress", "timing")
 # Optional third-party packages (extras or heavy plotting) that may be imported inside functions.
 OPTIONAL = ("faiss", "torch", "Stemmer", "matplotlib", "tensorboardX", "tensorflow_datasets",
             "sentence_transformers", "transformers", "huggingface_hub", "array_record", "etils")

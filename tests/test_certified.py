@@ -144,3 +144,11 @@ def test_bf16_candidates_with_ties_and_growth():
   ids = np.lexsort((np.broadcast_to(np.arange(3000), s.shape), -s), axis=1)[:, :7]
   np.testing.assert_array_equal(np.asarray(res.ids), ids)
   assert res.scanned > 8                     # some query needed a longer candidate list
+
+
+def test_bf16_pays_rule():
+  """The README's rule: bf16_topk only on CPUs with AVX512-BF16, never on GPUs or TPUs."""
+  assert certified.bf16_pays("cpu", "fpu avx512f avx512_bf16 amx_bf16")
+  assert not certified.bf16_pays("cpu", "fpu avx2 avx512f")
+  assert not certified.bf16_pays("gpu", "fpu avx512_bf16")
+  assert not certified.bf16_pays("tpu", "fpu avx512_bf16")

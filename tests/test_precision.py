@@ -22,7 +22,8 @@ import pytest
 from bilinear_ir import defaults, lowrank, scorers
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import validation
-from bilinear_ir.retrieval import certified, exact, mol_topk, sharded
+from bilinear_ir.retrieval import certified, exact, faiss_export, mol_topk, sharded
+from bilinear_ir.scorers import base as scorers_base
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 from bilinear_ir.train import trainer
 
@@ -206,3 +207,43 @@ def test_train_matmul_precision_is_validated():
   c.matmul_precision = "fp8"
   with pytest.raises(InputError, match="matmul_precision"):
     validation.check_train(c)
+
+
+EXPORT_SCORERS = (("bilinear", {}), ("lowrank", {"rank": 3}),
+                  ("lowrank", {"rank": 3, "residual": "none"}), ("wdp", {}), ("dot", {}))
+
+
+@pytest.mark.parametrize("name,opts", EXPORT_SCORERS, ids=lambda v: str(v))
+def test_export_table_reads_are_float32(name, opts):
+  """`table_fn` (behind `table_matrices` and the FAISS export) lowers its matmuls at float32."""
+  module = scorers.build(name, dim=6, **opts)
+  params = scorers.init_params(module, jax.random.key(0))
+  eye = np.eye(6, dtype=np.float32)
+  for method in ("query_table", "doc_table"):
+    text = scorers_base.table_fn(module, method).lower(params, eye).as_text()
+    # dot and WDP tables have no matmul; bilinear's doc table and the low-rank ones have one.
+    need = name == "bilinear" and method == "doc_table" or name == "lowrank"
+    assert_float32(text, f"{name} {method}", need_dots=need)
+
+
+def test_export_compiles_only_float32_matmuls(tmp_path):
+  """`table_matrices` and the FAISS doc table, run with every compiled module dumped: each
+  module's dot_generals are at float32 (width 23: nothing cached by another test)."""
+  module = scorers.build("lowrank", dim=23, rank=4)
+  params = scorers.init_params(module, jax.random.key(1))
+  docs = np.random.default_rng(0).normal(size=(50, 23)).astype(np.float32)
+  old = jax.config.read("jax_dump_ir_to")
+  jax.config.update("jax_dump_ir_to", str(tmp_path))
+  try:
+    scorers_base.table_matrices(module, params)
+    faiss_export.doc_table_array(module, params, docs)
+  finally:
+    jax.config.update("jax_dump_ir_to", old)
+  paths = sorted(glob.glob(os.path.join(str(tmp_path), "*.mlir")))
+  reads = [p for p in paths if "_table_read" in os.path.basename(p)]
+  assert len(reads) >= 5, [os.path.basename(p) for p in paths]  # eye + check rows x 2, FAISS
+  total = 0
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      total += assert_float32(f.read(), os.path.basename(path), need_dots=False)
+  assert total >= 5  # the query and doc tables of a low-rank model are matmuls

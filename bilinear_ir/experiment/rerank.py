@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from bilinear_ir import scorers
+from bilinear_ir import timing
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import evaluate
@@ -27,7 +28,6 @@ from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.retrieval import candidates as candidates_lib
 from bilinear_ir.retrieval import hybrid as hybrid_lib
-from bilinear_ir.retrieval import latency
 from bilinear_ir.retrieval import ranking
 from bilinear_ir.scorers import token_interaction
 from bilinear_ir.train import teachers as teachers_lib
@@ -189,7 +189,7 @@ def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple
     info.update(best_step=fit.best_step, history=fit.history, temperature=fit.temperature,
                 params=int(sum(np.size(x) for x in jax.tree.leaves(params))))
   q, qm, d, dm, _ = lat
-  case = latency.mebert_case if scorer == "mebert" else latency.late_case
+  case = timing.mebert_case if scorer == "mebert" else timing.late_case
   lat_module = module if scorer == "mebert" else module.clone(doc_chunk=int(d.shape[0]))
   fn, n_vec, width = case(lat_module, params, q, qm, d, dm, dtype)
   scored = setting.score(setting.eval_module(module), params, setting.token_queries,
@@ -275,10 +275,10 @@ def teachers(setting: Setting, config: ml_collections.ConfigDict
 
 def time_in_turn(calls: dict[str, Callable[[], Any]], rounds: int, repeats: int
                  ) -> dict[str, float]:
-  """{label: ms}: every call timed `repeats` times (`retrieval.latency.timed`) in turn, `rounds`
+  """{label: ms}: every call timed `repeats` times (`timing.timed`) in turn, `rounds`
   times (so load drift hits all alike); the median over rounds of each round's median."""
   times = {label: [] for label in calls}
   for _ in range(int(rounds)):
     for label, call in calls.items():
-      times[label].append(latency.timed(call, int(repeats)))
+      times[label].append(timing.timed(call, int(repeats)))
   return {label: float(np.median(t)) for label, t in times.items()}

@@ -27,7 +27,7 @@ similarity trained on the pooled embeddings (the bilinear table's recipe), which
 dev (or the one `config.distill.teacher` names). Model selection uses the dev split only.
 
 Per row: metrics, bytes per stored document (in `config.storage.dtype`) and the latency of
-scoring 1 query x `config.latency.docs` stored docs (`retrieval.latency`, as benchmarks/
+scoring 1 query x `config.latency.docs` stored docs (`timing`, as benchmarks/
 late_interaction_latency.py), measured in the same run.
 """
 from __future__ import annotations
@@ -42,12 +42,12 @@ import ml_collections
 
 from bilinear_ir import progress
 from bilinear_ir import scorers
+from bilinear_ir import timing
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import rerank
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
-from bilinear_ir.retrieval import latency
 from bilinear_ir.scorers import multivector
 from bilinear_ir.train import teachers as teacher_lib
 from bilinear_ir.train import trainer
@@ -164,7 +164,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     if name == "dot":
       dot = scorers.build("dot", dim=emb.docs.shape[1])
       q, qm, _, _, docs = lat
-      fn, n_vec, width = latency.de_case(q, qm, emb.docs[docs], dtype)
+      fn, n_vec, width = timing.de_case(q, qm, emb.docs[docs], dtype)
       add("dot", "dot", setting.score(dot, {}, setting.pooled_queries, emb.docs, fn,
                                       (n_vec, width)),
           trained=False, loss=None, teacher=None)
@@ -205,7 +205,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       "collection": prepared.collection.name,
       "test_queries": len(setting.splitset.test.query_ids),
       **setting.describe(config.rerank, int(config.encoder.query_max_length), _doc_len(config)),
-      "storage": storage, "storage_dtype": str(dtype.name), "hardware": latency.hardware(),
+      "storage": storage, "storage_dtype": str(dtype.name), "hardware": timing.hardware(),
   }
   return report.Report(results=results, markdown=markdown(results, config))
 

@@ -9,6 +9,6 @@ Modules: `exact` (chunked scan + running top-k merge, streaming, multi-vector ma
 shards + manifest), `serving` (reuse or build an index, then search it), `certified` (rank-r
 scan + Theorem 3 certificate; bf16 scan + float32 rescoring), `ranking` (rank and evaluate a
 scorer's run: full corpus or re-ranking), `hybrid` (sparse-dense fusion), `candidates`
-(re-ranking candidates), `mol_topk` (Mixture-of-Logits top-k), `latency` (timed scoring calls
-and the hardware line), `faiss_export` (the only module importing faiss, an extra).
+(re-ranking candidates), `mol_topk` (Mixture-of-Logits top-k), `faiss_export` (the only module
+importing faiss, an extra). Timing and the hardware line are in `bilinear_ir.timing`.
 """

@@ -290,6 +290,31 @@ def certified_topk(index: CertifiedIndex, queries, k: int, *, first_candidates: 
                   limit=limit)
 
 
+def bf16_pays(platform: str | None = None, cpu_flags: str | None = None) -> bool:
+  """Whether `bf16_topk` (a bf16 scan + float32 rescoring) is expected to beat the float32
+  scan `exact.topk` on this device: the rule the README states, from measurements.
+
+  CPU with AVX512-BF16 (`avx512_bf16` in /proc/cpuinfo): yes (bf16 matmuls 2-3x the float32
+  rate; on the 2-core development CPU 1.05-1.07x FAISS against the float32 scan's 1.01-1.04x).
+  CPU without it: no (bf16 is emulated). GPU: no (one H100: 14.9 ms against 5.84 ms for the
+  float32 scan at 1,000 x 200k; the scan is not bound by its matmul there, and bf16 adds a
+  second pass). TPU: no (not measured; its float32 matmuls are bf16 passes already).
+
+  Args:
+    platform: "cpu", "gpu", "tpu" (None: jax's default backend).
+    cpu_flags: the CPU's flags (None: read /proc/cpuinfo).
+  """
+  if (platform or jax.default_backend()) != "cpu":
+    return False
+  if cpu_flags is None:
+    try:
+      with open("/proc/cpuinfo", encoding="utf-8") as f:
+        cpu_flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+      cpu_flags = ""
+  return "avx512_bf16" in cpu_flags.split()
+
+
 def bf16_relative_bound(width: int, safety: float = 1.1) -> float:
   """c with |s_bf16 - s_f32| <= c |q| |d| for tables of width w.
 

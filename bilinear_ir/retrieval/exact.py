@@ -50,7 +50,10 @@ from jax import lax
 from bilinear_ir.errors import input_error
 
 DEFAULT_CHUNK = 8192        # doc rows per scan step for k <= 64: [B, chunk] scores live at once
-MAX_CHUNK = 32768           # largest default chunk (k > 256 then prunes with smaller blocks)
+MAX_CHUNK = 32768           # largest default chunk on CPU (k > 256 then prunes with smaller blocks)
+ACCEL_SCORE_BYTES = 128 << 20  # accelerators: a [B, chunk] float32 score block of about this
+MAX_ACCEL_CHUNK = 1 << 20   # largest default chunk on accelerators
+MAX_UNROLL = 16             # accelerators: scan loops of at most this many steps are unrolled
 DEFAULT_QUERY_CHUNK = 1024  # queries per scan
 MAX_BLOCK = 32              # largest block of docs summarised by its maximum
 PRECISION = lax.Precision.HIGHEST  # float32 score matmuls on every backend (module docstring)
@@ -94,8 +97,23 @@ def check_tables(query_table, doc_table, k: int, num_docs: int | None = None,
     raise input_error(f"at most {NO_DOC - 1} docs fit int32 ids, got {n}", file=where)
 
 
-def default_chunk(k: int) -> int:
-  """Doc rows per scan step: max(DEFAULT_CHUNK, 128 k) up to MAX_CHUNK.
+def default_chunk(k: int, batch: int | None = None, platform: str | None = None) -> int:
+  """Doc rows per scan step, per device.
+
+  CPU: max(DEFAULT_CHUNK, 128 k) up to MAX_CHUNK (measured below). Accelerators (GPU, TPU):
+  the largest power of two whose [batch, chunk] float32 score block fits ACCEL_SCORE_BYTES
+  (128 MiB), at least the CPU chunk and at most MAX_ACCEL_CHUNK, so a scan has few steps: on one
+  H100 the 8,192-row chunk cost about 90 us of selection and loop overhead per step next to a
+  125 us matmul at 1,000 queries (5.84 ms for 200k docs, 1.9x its roofline bound), and 122 steps
+  of tiny matmuls at 32 queries x 1M docs (5.35 ms, 8x). With 128 MiB blocks, 1,000 queries scan
+  32,768 rows per step (7 steps for 200k docs) and 32 queries 1M rows (one step); predicted, not
+  yet measured on a GPU: the block-max re-read of a block costs about a tenth of its matmul at
+  1,000 queries (`benchmarks/topk.py --chunks` times the alternatives in the same run).
+
+  Args:
+    k: results per query.
+    batch: queries per scan B (accelerators; None: DEFAULT_QUERY_CHUNK).
+    platform: "cpu", "gpu", "tpu" (None: jax's default backend).
 
   Each step costs a `lax.top_k` over k + chunk / block values and gathers k * block scores, so
   the chunk grows with k to keep both small per doc. DEFAULT_CHUNK was measured on a 2-core CPU
@@ -104,7 +122,11 @@ def default_chunk(k: int) -> int:
   (FAISS flat 603); chunks 4,096 / 8,192 / 12,288 / 16,384 took 553 / 547 / 569 / 587 (FAISS
   555). Width 32 (low-rank tables) is also fastest at 8,192.
   """
-  return int(min(MAX_CHUNK, max(DEFAULT_CHUNK, 128 * k)))
+  base = int(min(MAX_CHUNK, max(DEFAULT_CHUNK, 128 * k)))
+  if (platform or jax.default_backend()) == "cpu":
+    return base
+  rows = ACCEL_SCORE_BYTES // (4 * max(1, batch or DEFAULT_QUERY_CHUNK))
+  return int(min(MAX_ACCEL_CHUNK, max(base, 1 << max(0, int(rows).bit_length() - 1))))
 
 
 def default_block(k: int, chunk: int) -> int:
@@ -199,25 +221,27 @@ def _step(state: _State, qt: jax.Array, rows: jax.Array, first_block, valid) -> 
 
 def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
               block: int | None = None, id_offset=0, num_valid=None,
-              row_valid: jax.Array | None = None) -> TopK:
+              row_valid: jax.Array | None = None, unroll: bool | None = None) -> TopK:
   """Traceable core of `topk` (no input checks; use inside jit / shard_map).
 
   Args:
     qt: [B, w] query table.
     dt: [N, w] doc table (k may exceed N: missing slots get score -inf and id NO_DOC).
     k: results per query.
-    chunk: doc rows per step (None: `default_chunk(k)`; rounded up to a multiple of the
-      block).
+    chunk: doc rows per step (None: `default_chunk(k, B)`, per device; rounded up to a multiple
+      of the block).
     block: docs per block (None: `default_block(k, chunk)`).
     id_offset: added to every returned id (int or traced int32), e.g. a shard's first row.
     num_valid: None, or an int / traced int32: rows >= num_valid are ignored (padding).
     row_valid: None, or [N] bool: False rows are ignored (e.g. multi-vector padding rows).
+    unroll: unroll the loop over chunks (None: on accelerators when it has at most MAX_UNROLL
+      steps, which removes the loop's per-step overhead; never on CPU).
 
   Returns:
     TopK [B, k] with ids `id_offset + row`.
   """
   b, n = qt.shape[0], dt.shape[0]
-  chunk = default_chunk(k) if chunk is None else chunk
+  chunk = default_chunk(k, b) if chunk is None else chunk
   g = default_block(k, chunk) if block is None else block
   c = -(-chunk // g) * g
   nb = c // g
@@ -238,7 +262,9 @@ def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
     def body(i, st):
       start = i * c
       return _step(st, qt, lax.dynamic_slice_in_dim(dt, start, c), i * nb, valid_of(start, c))
-    state = lax.fori_loop(0, nfull, body, state)
+    if unroll is None:
+      unroll = jax.default_backend() != "cpu" and nfull <= MAX_UNROLL
+    state = lax.fori_loop(0, nfull, body, state, unroll=bool(unroll))
   # The tail: its whole blocks unmasked (masking all its scores would cost more than their
   # matmul at small widths), then one block padded and masked.
   start = nfull * c
@@ -270,15 +296,15 @@ def _finish(state: _State, k: int, n: int, id_offset) -> TopK:
   return TopK(top, jnp.where(real, rows + id_offset, NO_DOC).astype(jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("k", "chunk", "block"))
-def _topk_jit(qt, dt, row_valid, k, chunk, block, id_offset):
+@functools.partial(jax.jit, static_argnames=("k", "chunk", "block", "unroll"))
+def _topk_jit(qt, dt, row_valid, k, chunk, block, id_offset, unroll=None):
   """`scan_topk` under jit; `row_valid` None (an empty pytree) compiles the unmasked scan."""
-  return scan_topk(qt, dt, k, chunk, block, id_offset, row_valid=row_valid)
+  return scan_topk(qt, dt, k, chunk, block, id_offset, row_valid=row_valid, unroll=unroll)
 
 
 def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int | None = None,
          query_chunk: int = DEFAULT_QUERY_CHUNK, id_offset: int = 0,
-         row_valid=None) -> TopK:
+         row_valid=None, unroll: bool | None = None) -> TopK:
   """Exact top-k by a chunked scan: qt [B, w], dt [N, w] -> TopK [B, k].
 
   Memory: one [min(B, query_chunk), chunk] score block at a time (plus the tables).
@@ -287,8 +313,9 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     query_table: [B, w] (`module.apply(..., method=module.query_table)`).
     doc_table: [N, w], float32 or bfloat16 (a numpy array is copied to the device once).
     k: results per query, 1 <= k <= N.
-    chunk: doc rows per scan step (None: `default_chunk(k)`).
+    chunk: doc rows per scan step (None: `default_chunk(k, B)`, per device).
     block: docs per pruning block (None: `default_block`).
+    unroll: unroll the chunk loop (None: per device, `scan_topk`).
     query_chunk: queries per scan (queries are tiled; the last tile is padded, not recompiled).
     id_offset: added to every returned id.
     row_valid: None or [N] bool; False rows are never returned (they must leave >= k rows).
@@ -313,7 +340,7 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     size = tile.shape[0]
     if qt.shape[0] > query_chunk and size < query_chunk:
       tile = jnp.pad(tile, ((0, query_chunk - size), (0, 0)))
-    res = _topk_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset))
+    res = _topk_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset), unroll)
     parts.append(TopK(res.scores[:size], res.ids[:size]))
   if len(parts) == 1:
     return parts[0]

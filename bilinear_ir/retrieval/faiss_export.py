@@ -25,19 +25,20 @@ Multi-vector tables (m rows per doc) need the row -> doc max afterwards, as
 """
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import missing_extra
 from bilinear_ir.retrieval import exact
+from bilinear_ir.scorers.base import table_fn
 
 DEFAULT_BATCH = 65536  # docs per doc_table call while exporting
 
 
 def _table(module, params, x, method: str, batch: int) -> np.ndarray:
-  """Applies `module.<method>` in batches: x [N, n] -> float32 [N, w] (C-contiguous)."""
-  fn = jax.jit(lambda p, v: module.apply({"params": p}, v, method=getattr(module, method)))
+  """Applies `module.<method>` in batches, at float32 on every backend (`table_fn`):
+  x [N, n] -> float32 [N, w] (C-contiguous)."""
+  fn = table_fn(module, method)
   parts = []
   for lo in range(0, np.shape(x)[0], batch):
     out = fn(params, np.asarray(x[lo:lo + batch], np.float32))

@@ -54,22 +54,37 @@ class TableScorer(nn.Module):
     return lax.dot_general(self.query_table(q), self.doc_table(docs), (((1,), (1,)), ((), ())))
 
 
+# `jax.default_matmul_precision` of every table read behind an export: float32 products and sums
+# on every backend (the default is TF32 on recent NVIDIA GPUs and one bf16 pass on TPUs, which
+# would ship rounded matrices or fail the linearity check below).
+EXPORT_PRECISION = "float32"
+
+
+def table_fn(module: TableScorer, method: str):
+  """`module.<method>` ("query_table" / "doc_table") jitted with every matmul at float32 on every
+  backend: (params, x [N, n]) -> [N, w]. Used for every table read behind an export."""
+  def _table_read(params, x):
+    with jax.default_matmul_precision(EXPORT_PRECISION):
+      return module.apply({"params": params}, x, method=getattr(module, method))
+  return jax.jit(_table_read)
+
+
 def table_matrices(module: TableScorer, params: Any) -> tuple[np.ndarray, np.ndarray]:
   """The matrices of a linear table scorer: (A [n, w], B [n, w]) with
   `query_table(q) = q A` and `doc_table(d) = d B` (dot: I, I; WDP: I, diag(v); bilinear: I, W^T;
   low-rank: P, Q, or [I P], [I Q] for the residual form), so `score = q A B^T d^T`.
 
   Read off the tables of the identity rows, then checked on random rows (a scorer whose tables
-  are not linear maps, e.g. a future one with a bias or a nonlinearity, is refused).
+  are not linear maps, e.g. a future one with a bias or a nonlinearity, is refused). Both the
+  read and the check run at float32 on every backend (`table_fn`).
   """
-  apply = jax.jit(lambda p, x, method: module.apply({"params": p}, x, method=method),
-                  static_argnames="method")
+  query, doc = table_fn(module, "query_table"), table_fn(module, "doc_table")
   eye = np.eye(module.dim, dtype=np.float32)
-  a = np.asarray(apply(params, eye, method="query_table"), np.float64)
-  b = np.asarray(apply(params, eye, method="doc_table"), np.float64)
+  a = np.asarray(query(params, eye), np.float64)
+  b = np.asarray(doc(params, eye), np.float64)
   x = np.random.default_rng(0).normal(size=(8, module.dim)).astype(np.float32)
-  for got, want, side in ((apply(params, x, method="query_table"), x @ a, "query_table"),
-                          (apply(params, x, method="doc_table"), x @ b, "doc_table")):
+  for got, want, side in ((query(params, x), x @ a, "query_table"),
+                          (doc(params, x), x @ b, "doc_table")):
     got = np.asarray(got, np.float64)
     if not np.allclose(got, want, rtol=1e-4, atol=1e-5 * (1.0 + np.abs(want).max())):
       raise input_error(f"{type(module).__name__}.{side} is not a linear map; it cannot be "

@@ -1,19 +1,23 @@
-"""Scoring latency of 1 query x K stored docs (the LITE paper's Table 3 protocol).
+"""Timing and the hardware: the line every benchmark prints, interleaved medians, the device's
+peaks and roofline bounds, and the timed scoring calls of the LITE latency protocol.
 
-Doc-side work is precomputed, as in the paper: each doc is first put in its scorer's stored form
-(`encode_docs` for late interaction, `doc_vectors` for ME-BERT, one pooled vector for DE) in the
-storage dtype. A timed call is one jitted function of the raw query input that computes the query
-side and scores the K stored docs; query encoder (transformer) time is not included (it is the
-same for every scorer). Used by `benchmarks/late_interaction_latency.py` (random inputs) and the
-`late_interaction` job (real SciFact tokens and trained params).
-
-Also the benchmarks' shared measurement helpers: `hardware` (the line every benchmark prints),
+The benchmarks' shared measurement helpers: `hardware` (the line every benchmark prints),
 `timed_interleaved`, and the device's peaks, from a table of known accelerators
-(`KNOWN_PEAKS`) and measured in the same run (`measure_peaks`: a copy and two matmuls), so a
-benchmark can state its achieved FLOP/s and bandwidth as fractions of them (`fractions`).
+(`KNOWN_PEAKS`) and measured in the same run (`measure_peaks`: a copy with every core, or a
+device copy, and two matmuls), so a benchmark can state its achieved FLOP/s and bandwidth as
+fractions of them (`fractions`) and its time against the roofline bound (`roofline`).
+
+Scoring latency of 1 query x K stored docs (the LITE paper's Table 3 protocol): doc-side work is
+precomputed, as in the paper: each doc is first put in its scorer's stored form (`encode_docs`
+for late interaction, `doc_vectors` for ME-BERT, one pooled vector for DE) in the storage dtype.
+A timed call is one jitted function of the raw query input that computes the query side and
+scores the K stored docs; query encoder (transformer) time is not included (it is the same for
+every scorer). Used by `benchmarks/late_interaction_latency.py` (random inputs) and the
+`late_interaction` job (real SciFact tokens and trained params).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import os
 import platform
@@ -24,9 +28,9 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bilinear_ir import allocator
-from bilinear_ir import scorers
 
 
 # Dense peaks of known accelerators (vendor data sheets), matched by a substring of
@@ -104,38 +108,118 @@ def known_peaks(device_kind: str | None = None) -> dict[str, float] | None:
   return None
 
 
-def measure_peaks(repeats: int = 5) -> dict[str, float]:
-  """Peaks measured on device 0 now: a copy (`x * 1`, read + write) and float32 (HIGHEST) and
-  bf16 (float32 accumulation) square matmuls; best of `repeats` calls each.
+def _best_s(fn: Callable[[], Any], repeats: int) -> float:
+  """Fewest seconds of `repeats` calls of `fn` (each blocked on) after one warm-up call."""
+  jax.block_until_ready(fn())
+  out = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    out.append(time.perf_counter() - t0)
+  return min(out)
 
-  Sizes: 256 MiB and n = 2,048 on CPU, 1 GiB and n = 8,192 on accelerators.
+
+def host_copy_gb_per_s(words: int = 1 << 26, repeats: int = 5,
+                       threads: int | None = None) -> float:
+  """Host memory bandwidth with every core: `threads` (default os.cpu_count()) threads each copy
+  one slice of a float32 array into a preallocated one (`np.copyto` releases the GIL, so the
+  slices are copied at once); GB/s counts the bytes read plus the bytes written."""
+  src = np.ones((words,), np.float32)
+  dst = np.zeros_like(src)
+  threads = threads or os.cpu_count() or 1
+  cuts = np.linspace(0, words, threads + 1).astype(int)
+  parts = [(dst[lo:hi], src[lo:hi]) for lo, hi in zip(cuts[:-1], cuts[1:])]
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    seconds = _best_s(lambda: list(pool.map(lambda ab: np.copyto(*ab), parts)), repeats)
+  return 2 * 4 * words / seconds / 1e9
+
+
+def measure_peaks(repeats: int = 5) -> dict[str, Any]:
+  """Peaks measured on device 0 now: memory bandwidth and float32 (HIGHEST), float32 operands at
+  the backend's default precision (TF32 on GPUs) and bf16 (float32 accumulation) square matmuls;
+  best of `repeats` calls each.
+
+  Bandwidth counts bytes read plus bytes written by a copy. On a CPU it is the larger of a copy
+  by every core at once (`host_copy_gb_per_s`) and XLA's copy (`x * 1`), so no memory-bound
+  code of the run can beat it by using other threads; on an accelerator, a device-to-device copy
+  by XLA. Sizes: 256 MiB and n = 2,048 on CPU, 1 GiB and n = 8,192 on accelerators.
 
   Returns:
-    {"gb_per_s", "f32_gflops", "bf16_gflops", "source": "measured"}.
+    {"gb_per_s", "f32_gflops", "bf16_gflops", "default_gflops", "source": "measured",
+     "copy": how measured}.
   """
   cpu = jax.devices()[0].platform == "cpu"
   words, n = (1 << 26, 2048) if cpu else (1 << 28, 8192)
-
-  def best(fn, *args):
-    jax.block_until_ready(fn(*args))
-    out = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      out.append(time.perf_counter() - t0)
-    return min(out)
-
-  x = jnp.ones((words,), jnp.float32)
-  copy = best(jax.jit(lambda v: v * 1.0), x)
+  x = jax.random.uniform(jax.random.key(1), (words,), jnp.float32)  # not zeros (METHOD)
+  xla = 2 * 4 * words / _best_s(lambda: _copy(x), repeats) / 1e9
   del x
+  copy = {"xla_gb_per_s": round(xla, 2)}
+  if cpu:
+    copy["threads"] = os.cpu_count()
+    copy["all_cores_gb_per_s"] = round(host_copy_gb_per_s(words, repeats), 2)
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  mm = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precision.HIGHEST,
-                                       preferred_element_type=jnp.float32))
-  f32 = best(mm, a, a)
+  f32 = _best_s(lambda: _matmul(a, a), repeats)
+  default = _best_s(lambda: _matmul_default(a, a), repeats)
   b = a.astype(jnp.bfloat16)
-  bf16 = best(mm, b, b)
-  return {"gb_per_s": 2 * 4 * words / copy / 1e9, "f32_gflops": 2 * n ** 3 / f32 / 1e9,
-          "bf16_gflops": 2 * n ** 3 / bf16 / 1e9, "source": "measured"}
+  bf16 = _best_s(lambda: _matmul(b, b), repeats)
+  return {"gb_per_s": max(xla, copy.get("all_cores_gb_per_s", 0.0)),
+          "f32_gflops": 2 * n ** 3 / f32 / 1e9, "bf16_gflops": 2 * n ** 3 / bf16 / 1e9,
+          "default_gflops": 2 * n ** 3 / default / 1e9, "source": "measured", "copy": copy}
+
+
+_copy = jax.jit(lambda v: v * 1.0)
+_matmul = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precision.HIGHEST,
+                                          preferred_element_type=jnp.float32))
+# float32 operands at the backend's default precision (CPU: float32; GPU: TF32; TPU: bf16 passes)
+_matmul_default = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precision.DEFAULT))
+
+
+def peak_probes() -> tuple[dict[str, Callable[[], Any]], float]:
+  """The square float32 (HIGHEST) and bf16 matmuls of `measure_peaks`, as calls a benchmark can
+  time interleaved with its own (so the peak and the case meet the same machine load):
+  ({"peak_f32": call, "peak_bf16": call}, FLOPs of one call)."""
+  n = 2048 if jax.devices()[0].platform == "cpu" else 8192
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = a.astype(jnp.bfloat16)
+  return {"peak_f32": lambda: _matmul(a, a), "peak_bf16": lambda: _matmul(b, b)}, 2.0 * n ** 3
+
+
+def with_interleaved_peaks(peaks: dict[str, Any], ms: dict[str, float], flops: float) -> dict:
+  """`peaks` with each matmul peak raised to the rate of its probe timed in `ms` (the fastest ms
+  of "peak_f32" / "peak_bf16", from `peak_probes`) where that is higher: the largest rate
+  measured, so the roofline bound stays a bound on a machine whose load drifts."""
+  out = dict(peaks)
+  for key, probe in (("f32_gflops", "peak_f32"), ("bf16_gflops", "peak_bf16")):
+    if ms.get(probe):
+      rate = flops / ms[probe] / 1e6
+      out[key] = max(out.get(key) or 0.0, rate)
+      out[key.replace("gflops", "gflops_interleaved")] = round(rate, 1)
+  return out
+
+
+def roofline(flops: float, bytes_read: float, dtype: str, peaks: dict[str, Any]) -> dict:
+  """The least time a computation can take on this device: max(FLOPs / the measured matmul peak
+  at `dtype`, bytes that must be read / the measured bandwidth), in ms.
+
+  Args:
+    flops: floating-point operations the computation must do (2 per multiply-add).
+    bytes_read: bytes it must read from memory (each input once).
+    dtype: "float32" or "bfloat16", the dtype of its matmul operands; "default": float32
+      operands at the backend's default precision (TF32 on GPUs).
+    peaks: `measure_peaks()`.
+
+  Returns:
+    {"bound_ms", "bound_compute_ms", "bound_memory_ms", "bound_limit" ("compute" / "memory"),
+     "peak_flops" (FLOP/s), "bandwidth_gbs"}.
+  """
+  key = {"bfloat16": "bf16_gflops", "default": "default_gflops"}.get(dtype, "f32_gflops")
+  peak = (peaks.get(key) or peaks["f32_gflops"]) * 1e9
+  compute = flops / peak * 1e3
+  memory = bytes_read / (peaks["gb_per_s"] * 1e9) * 1e3
+  return {"bound_ms": round(max(compute, memory), 4), "bound_compute_ms": round(compute, 4),
+          "bound_memory_ms": round(memory, 4),
+          "bound_limit": "compute" if compute >= memory else "memory",
+          "peak_flops": round(peak, -6), "bandwidth_gbs": round(peaks["gb_per_s"], 2)}
 
 
 def fractions(gflops: float, gb_per_s: float, dtype: str, peaks: dict[str, Any]) -> dict:
@@ -159,7 +243,11 @@ def peaks_line(peaks: dict[str, Any]) -> str:
   for name, p in peaks.items():
     if p:
       bf = f"{p['bf16_gflops']:.0f}" if p.get("bf16_gflops") else "-"
-      parts.append(f"{name}: copy {p['gb_per_s']:.1f} GB/s, float32 matmul "
+      how = p.get("copy") or {}
+      detail = (f" (XLA copy {how['xla_gb_per_s']:.1f}"
+                + (f", {how['threads']} threads {how['all_cores_gb_per_s']:.1f}"
+                   if "threads" in how else "") + ")") if how else ""
+      parts.append(f"{name}: copy {p['gb_per_s']:.1f} GB/s{detail}, float32 matmul "
                    f"{p['f32_gflops']:.0f} GFLOP/s, bf16 {bf} GFLOP/s ({p['source']})")
     else:
       parts.append(f"{name}: device not in the table")
@@ -172,14 +260,16 @@ def timed(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
 
 
 def timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3,
-                      rewarm: int = 0) -> dict[str, float]:
+                      rewarm: int = 0, fastest: dict[str, float] | None = None
+                      ) -> dict[str, float]:
   """Median latency in ms of each of `fns`, timed in `repeats` rounds of one timed call each.
 
   Each function is warmed up `warmup` times first. The order within a round rotates, so a
   machine whose speed drifts during the measurement (shared hosts, thermal limits) favours none
   of the functions compared. `rewarm` untimed calls precede each timed call, so the timed one
   finds its own data in the caches as in back-to-back calls, not evicted by the previous
-  function's. Every call is blocked on.
+  function's. Every call is blocked on. `fastest`, if given, receives each function's fastest
+  timed call (ms).
   """
   names = list(fns)
   for name in names:
@@ -193,6 +283,8 @@ def timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
       t0 = time.perf_counter()
       jax.block_until_ready(fns[name]())
       times[name].append((time.perf_counter() - t0) * 1e3)
+  if fastest is not None:
+    fastest.update({name: min(v) for name, v in times.items()})
   return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -252,9 +344,9 @@ def de_case(q, qm, docs, dtype) -> tuple[Callable[[], jnp.ndarray], int, int]:
   Returns:
     (call -> [1, K] scores, 1, n).
   """
-  de = scorers.build("dot", dim=docs.shape[-1])
   stored = jax.block_until_ready(jnp.asarray(docs).astype(dtype))
-  score = jax.jit(lambda q, qm, docs: de.apply(
-      {}, jnp.sum(jnp.where(qm[..., None], q, 0), 1) / jnp.sum(qm, 1, keepdims=True),
-      docs.astype(jnp.float32), method=de.score_all))
+  # The dot scorer's score_all (scorers.dot.Dot: one dot_general of the tables' last axes).
+  score = jax.jit(lambda q, qm, docs: jax.lax.dot_general(
+      jnp.sum(jnp.where(qm[..., None], q, 0), 1) / jnp.sum(qm, 1, keepdims=True),
+      docs.astype(jnp.float32), (((1,), (1,)), ((), ()))))
   return (lambda: score(q, qm, stored)), 1, stored.shape[-1]

@@ -1,0 +1,57 @@
+"""`launch/accelerator_check.sh --reduced` end to end on the CPU: one summary.json with every step
+passed, within its budget, and the ratios the GPU run will fill in (bounds, peers, notes).
+
+The reduced check runs every step at CPU sizes (about two minutes on 2 cores); the full sizes need
+an accelerator and run there (README "On an NVIDIA H100").
+"""
+import json
+import os
+import subprocess
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUDGET_S = 360
+BOUND_FIELDS = ("bound_ms", "ratio_vs_bound", "peak_flops", "bandwidth_gbs", "peer_torch_ms")
+
+
+def test_reduced_check_writes_one_summary_within_budget(tmp_path):
+  out = tmp_path / "acc"
+  env = dict(os.environ, BUDGET_S=str(BUDGET_S))
+  env.pop("JAX_PLATFORMS", None)  # the check picks each step's backend itself
+  env.pop("XLA_FLAGS", None)      # conftest's 8 fake devices are for the tests, not the check
+  t0 = time.perf_counter()
+  proc = subprocess.run(["bash", os.path.join(REPO, "launch", "accelerator_check.sh"),
+                         "--reduced", "--out", str(out)], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=BUDGET_S + 120, check=False)
+  wall = time.perf_counter() - t0
+  assert (out / "summary.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+  summary = json.loads((out / "summary.json").read_text())
+  assert sorted(os.listdir(out)) == sorted(
+      ["summary.json"] + [f"{s}.log" for s in summary["steps"]]
+      + [f"{s}.json" for s in ("device", "topk", "mol", "train", "stream", "fidelity")])
+  assert set(summary) >= {"device", "steps"} and summary["device"].startswith("cpu")
+  assert list(summary["steps"]) == ["device", "tests_device", "topk", "mol", "train", "stream",
+                                    "tests_sharding", "fidelity"]
+  failed = {k: v["status"] for k, v in summary["steps"].items() if not v["passed"]}
+  assert not failed, f"{failed}\n{proc.stdout[-3000:]}"
+  assert proc.returncode == 0
+  assert summary["total_seconds"] <= BUDGET_S and wall <= BUDGET_S + 60
+  steps = summary["steps"]
+  for name in ("topk", "stream", "mol"):
+    for case in steps[name]["cases"]:
+      assert all(f in case for f in BOUND_FIELDS), (name, case)
+      assert case["bound_ms"] > 0 and case["ratio_vs_bound"] > 0
+      # a roofline bound is a floor: a run well under it means a wrong bound (loaded machines
+      # can dip a little under a peak measured in a busy moment)
+      assert case["ratio_vs_bound"] > 0.5, (name, case)
+      assert case["peer_torch_ms"] is not None or case["note"], (name, case)
+  topk = steps["topk"]["cases"]
+  assert [c["name"] for c in topk] == ["q64_d2000_n384_k10", "bf16cand_q64_d2000_n384_k10",
+                                       "bf16_q64_d2000_n384_k10", "q64_d10000_n384_k10",
+                                       "bf16cand_q64_d10000_n384_k10"]
+  # the torch peer ran (on the CPU here) and returned in every top-k case
+  assert all(c["peer_torch_ms"] > 0 and c["torch_setting"]["chunk"] > 0 for c in topk)
+  assert all(c["same_ids_as_fp32"] and c["explained"] for c in topk if "same_ids_as_fp32" in c)
+  assert steps["mol"]["cases"][0]["torch_hr_at_100"] == 1.0  # torch brute force = ours
+  assert steps["tests_device"]["cases"][0]["pytest"]["passed"] >= 5
+  assert steps["train"]["cases"][0]["ratio_vs_torch"] > 0
