@@ -6,10 +6,12 @@ Every file the project writes goes through `atomic_write*` (temp file in the sam
 from __future__ import annotations
 
 import contextlib
+import errno as errno_lib
 import hashlib
 import json
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 import zipfile
@@ -18,7 +20,45 @@ from typing import Any, Iterator
 import jax
 import numpy as np
 
+from bilinear_ir.errors import WriteError
 from bilinear_ir.errors import input_error
+
+# OS errors that say the machine refused a write (not a bug of the project): full disk, quota,
+# read-only file system, permissions, a file too large, an I/O error, too many open files.
+REFUSED_WRITE = frozenset({errno_lib.ENOSPC, errno_lib.EDQUOT, errno_lib.EROFS, errno_lib.EACCES,
+                           errno_lib.EPERM, errno_lib.EFBIG, errno_lib.EIO, errno_lib.EMFILE,
+                           errno_lib.ENFILE})
+# tensorstore (orbax's array writer) says "RESOURCE_EXHAUSTED: ... [os_error_code='28']".
+_TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
+
+
+def refused_errno(error: BaseException) -> int | None:
+  """The errno of a refused write (one of `REFUSED_WRITE`) behind `error`, or None.
+
+  Looks through the chain of causes and contexts, exception groups and tensorstore's messages,
+  where orbax's writer threads put the OS error.
+  """
+  todo, seen = [error], set()
+  while todo:
+    e = todo.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, WriteError):
+      return e.errno
+    if isinstance(e, OSError) and e.errno in REFUSED_WRITE:
+      return e.errno
+    match = _TENSORSTORE_ERRNO.search(str(e)) if isinstance(e, ValueError) else None
+    if match and int(match.group(1)) in REFUSED_WRITE:
+      return int(match.group(1))
+    todo.extend([e.__cause__, e.__context__, *getattr(e, "exceptions", ())])
+  return None
+
+
+def write_error(path: str, error: BaseException) -> WriteError | None:
+  """A `WriteError` naming `path` when `error` is a refused write, else None (a bug: re-raise)."""
+  code = refused_errno(error)
+  return None if code is None else WriteError(code, path)
 
 
 @contextlib.contextmanager
@@ -26,39 +66,49 @@ def atomic_path(path: str) -> Iterator[str]:
   """Yields a temporary path next to `path`; renames it onto `path` if the block succeeds.
 
   Use for writers that need a file name (matplotlib, np.save, faiss). On error the temporary file
-  is removed and `path` is left untouched.
+  is removed and `path` is left untouched; a refused write (full disk, read-only folder, ...)
+  raises `WriteError` naming `path`.
   """
   folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  suffix = os.path.splitext(path)[1]
-  fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
-  os.close(fd)
+  tmp = None
   try:
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=folder)
+    os.close(fd)
     yield tmp
     os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(tmp)
-    raise
+  except BaseException as e:
+    if tmp is not None:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(tmp)
+    refused = write_error(path, e)
+    if refused is None:
+      raise
+    raise refused from None
 
 
 @contextlib.contextmanager
 def atomic_dir(path: str) -> Iterator[str]:
   """Yields a temporary folder next to `path`; if the block succeeds it replaces `path` (an
   existing folder there is removed), else it is removed. Readers never see a half-written
-  folder."""
+  folder. A refused write (full disk, read-only folder, ...) raises `WriteError` naming `path`."""
   path = os.path.abspath(path)
   parent = os.path.dirname(path)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+  tmp = None
   try:
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
     yield tmp
     if os.path.exists(path):
       shutil.rmtree(path)
     os.replace(tmp, path)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+  except BaseException as e:
+    if tmp is not None:
+      shutil.rmtree(tmp, ignore_errors=True)
+    refused = write_error(path, e)
+    if refused is None:
+      raise
+    raise refused from None
 
 
 def check_writable_dir(path: str, field: str = "workdir") -> None:
