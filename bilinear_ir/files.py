@@ -55,6 +55,19 @@ def refused_errno(error: BaseException) -> int | None:
   return None
 
 
+def injected_fault(path: str) -> None:
+  """Test hook: with `BILINEAR_IR_FAULT=ENOSPC:FOLDER` set (any errno name), a write under
+  FOLDER fails as the machine would fail it. The fault tests use it only where no small or
+  read-only file system can be mounted."""
+  spec = os.environ.get("BILINEAR_IR_FAULT")
+  if not spec:
+    return
+  name, _, folder = spec.partition(":")
+  if os.path.abspath(path).startswith(os.path.join(os.path.abspath(folder), "")):
+    code = getattr(errno_lib, name)
+    raise OSError(code, os.strerror(code), path)
+
+
 def write_error(path: str, error: BaseException) -> WriteError | None:
   """A `WriteError` naming `path` when `error` is a refused write, else None (a bug: re-raise)."""
   code = refused_errno(error)
@@ -72,6 +85,7 @@ def atomic_path(path: str) -> Iterator[str]:
   folder = os.path.dirname(os.path.abspath(path))
   tmp = None
   try:
+    injected_fault(path)
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=folder)
     os.close(fd)
@@ -96,6 +110,7 @@ def atomic_dir(path: str) -> Iterator[str]:
   parent = os.path.dirname(path)
   tmp = None
   try:
+    injected_fault(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
     yield tmp
@@ -169,7 +184,16 @@ def atomic_save_npy(path: str, array: np.ndarray) -> None:
     raise ValueError(f"{path}: refusing to save an object array")
   with atomic_path(path) as tmp:
     with open(tmp, "wb") as f:
-      np.save(f, array, allow_pickle=False)
+      # Through `write` in chunks: numpy writes a real file with `tofile`, whose error on a full
+      # disk has lost its errno ("problem writing element 1024 to file").
+      np.save(_Writes(f), array, allow_pickle=False)
+
+
+class _Writes:
+  """Only the `write` of a file (so numpy writes through it)."""
+
+  def __init__(self, f):
+    self.write = f.write
 
 
 def load_npy(path: str, mmap: bool = False) -> np.ndarray:

@@ -13,7 +13,9 @@ killed run left behind are removed when the next run opens the folder.
 from __future__ import annotations
 
 import contextlib
+import gc
 import glob
+import logging
 import os
 import shutil
 import signal
@@ -71,6 +73,7 @@ class Checkpoints:
       return False
     with _signals_deferred(), _stderr_held() as stderr:
       try:
+        files.injected_fault(os.path.join(self.directory, str(step)))
         self._manager.save(step, args=ocp.args.Composite(tree=ocp.args.StandardSave(tree),
                                                          record=ocp.args.JsonSave(record)),
                            force=True)
@@ -82,7 +85,12 @@ class Checkpoints:
         refused = files.write_error(os.path.join(self.directory, str(step)), e)
         if refused is None:
           raise
-        stderr["drop"] = True  # orbax's reports of the same refusal: the error says it
+        # orbax's reports of the same refusal are dropped (the error says it), also those of its
+        # abandoned asyncio tasks, which asyncio logs when they are collected ("Task exception
+        # was never retrieved"): now, or at exit.
+        gc.collect()
+        logging.getLogger("asyncio").disabled = True
+        stderr["drop"] = True
         raise refused from None
     return True
 
