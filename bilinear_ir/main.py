@@ -27,7 +27,6 @@ from bilinear_ir import allocator
 from bilinear_ir import files
 from bilinear_ir import jobs
 from bilinear_ir.errors import InputError
-from bilinear_ir.errors import WriteError
 from bilinear_ir.jobs import report as report_lib
 
 FLAGS = flags.FLAGS
@@ -90,8 +89,10 @@ def main(argv):
     code = files.refused_errno(e)
     if code is None:
       raise
-    path = next((x.filename for x in _chain(e) if getattr(x, "filename", None)), "a file")
-    fail(str(WriteError(code, path)))
+    # Not through the project's writers (which name what they write): the OS's words and path.
+    path = next((x.filename for x in _chain(e) if getattr(x, "filename", None)), None)
+    text = os.strerror(code)
+    fail(f"{text[:1].lower()}{text[1:]}" + (f": {path}" if path else ""))
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -121,12 +122,7 @@ def _reason(error: BaseException) -> str:
   chain is the project's own message; otherwise absl's message (which names the flag) or, when
   that holds a traceback, the innermost exception.
   """
-  chain, seen = [], set()
-  e = error
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    chain.append(e)
-    e = e.__cause__ or e.__context__
+  chain = _chain(error)
   inputs = [e for e in chain if isinstance(e, InputError) and "Traceback" not in str(e)]
   if inputs:
     return str(inputs[-1])
