@@ -153,7 +153,8 @@ def _fake_outcomes(monkeypatch):
     record[key] = out
     return out
 
-  def fake_hybrid(module, params, prepared, dev, test, cfg, measures):  # pylint: disable=unused-argument
+  # pylint: disable-next=unused-argument
+  def fake_hybrid(module, params, prepared, dev, test, cfg, measures):
     return {"per_query": {q: {m: 0.5 for m in measures} for q in test.query_ids}}, 0.5, {}
 
   monkeypatch.setattr(study.common, "train_and_evaluate", fake_train)
@@ -203,7 +204,8 @@ def test_unseen_doc_is_judged_against_training_and_dev_queries():
                                        "q9": {"d1": 0, "d7": 1}}))
   b = pipeline.SplitSet("fold1", split("train", {"q4": {"d7": 1}}), split("dev", {}),
                         split("test", {"q1": {"d1": 1}, "q10": {"d8": 1}}))
-  assert study._unseen([a, b]) == ["q1", "q10", "q4", "q5", "q8", "q9"]  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  assert study._unseen([a, b]) == ["q1", "q10", "q4", "q5", "q8", "q9"]
 
 
 def test_unseen_doc_queries_of_the_run_are_those_of_the_definition(study_run):
@@ -215,7 +217,8 @@ def test_unseen_doc_queries_of_the_run_are_those_of_the_definition(study_run):
     cfg = copy.deepcopy(config)
     with cfg.unlocked():
       cfg.data = data
-    sets = study._splitsets(types.SimpleNamespace(collection=coll), cfg, int(config.folds))  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    sets = study._splitsets(types.SimpleNamespace(collection=coll), cfg, int(config.folds))
     want = []
     for s in sets:
       seen = {d for q in s.train.query_ids + s.dev.query_ids
