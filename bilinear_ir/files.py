@@ -28,15 +28,17 @@ from bilinear_ir.errors import input_error
 REFUSED_WRITE = frozenset({errno_lib.ENOSPC, errno_lib.EDQUOT, errno_lib.EROFS, errno_lib.EACCES,
                            errno_lib.EPERM, errno_lib.EFBIG, errno_lib.EIO, errno_lib.EMFILE,
                            errno_lib.ENFILE})
-# tensorstore (orbax's array writer) says "RESOURCE_EXHAUSTED: ... [os_error_code='28']".
-_TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
+# How libraries in other languages pass the errno on: tensorstore (orbax's array writer)
+# "RESOURCE_EXHAUSTED: ... [os_error_code='28']", Rust's std::io::Error (safetensors)
+# "I/O error: No space left on device (os error 28)".
+_FOREIGN_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]|\(os error (\d+)\)")
 
 
 def refused_errno(error: BaseException) -> int | None:
   """The errno of a refused write (one of `REFUSED_WRITE`) behind `error`, or None.
 
-  Looks through the chain of causes and contexts, exception groups and tensorstore's messages,
-  where orbax's writer threads put the OS error.
+  Looks through the chain of causes and contexts, exception groups, and the messages of
+  tensorstore (orbax's writer threads) and of Rust libraries (safetensors).
   """
   todo, seen = [error], set()
   while todo:
@@ -48,9 +50,9 @@ def refused_errno(error: BaseException) -> int | None:
       return e.errno
     if isinstance(e, OSError) and e.errno in REFUSED_WRITE:
       return e.errno
-    match = _TENSORSTORE_ERRNO.search(str(e)) if isinstance(e, ValueError) else None
-    if match and int(match.group(1)) in REFUSED_WRITE:
-      return int(match.group(1))
+    match = None if isinstance(e, OSError) else _FOREIGN_ERRNO.search(str(e))
+    if match and int(match.group(1) or match.group(2)) in REFUSED_WRITE:
+      return int(match.group(1) or match.group(2))
     todo.extend([e.__cause__, e.__context__, *getattr(e, "exceptions", ())])
   return None
 

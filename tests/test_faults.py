@@ -20,6 +20,7 @@ import sys
 import time
 import warnings
 
+import numpy as np
 import pytest
 
 from conftest import REPO, write_beir
@@ -291,6 +292,9 @@ def test_refused_errno_is_found_where_orbax_and_tensorstore_put_it():
   ts = ValueError("RESOURCE_EXHAUSTED: Error writing local file \"x\": Failed to write 3219 "
                   "bytes to file 17: No space left on device [os_error_code='28']")
   assert files.refused_errno(ts) == errno.ENOSPC
+  rust = RuntimeError("Error while serializing: I/O error: Read-only file system (os error 30)")
+  assert files.refused_errno(rust) == errno.EROFS
+  assert files.refused_errno(RuntimeError("I/O error: (os error 2)")) is None  # ENOENT: a bug
   try:
     try:
       raise OSError(errno.EROFS, os.strerror(errno.EROFS), "f")
@@ -301,3 +305,36 @@ def test_refused_errno_is_found_where_orbax_and_tensorstore_put_it():
   assert files.refused_errno(FileNotFoundError(errno.ENOENT, "gone", "f")) is None
   assert files.refused_errno(ValueError("[os_error_code='2']")) is None
   assert files.refused_errno(KeyError("x")) is None
+
+
+def test_saved_model_and_report_writes_on_a_full_disk(tmp_path, monkeypatch):
+  """The saved model (a folder inside a folder) and the report's files: one `WriteError` naming
+  what was being written, nothing left behind; the same writes succeed once space is freed."""
+  from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.errors import WriteError  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.jobs import report  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.train import saved_model  # pylint: disable=g-import-not-at-top
+  module = scorers.build("bilinear", 256)  # W: 256 x 256 float32, 256 KiB
+  params = {"W": np.eye(256, dtype=np.float32)}
+  rep = report.Report(results={"x": 1}, markdown="# x\n",
+                      extra_files={"run.trec": "q0 Q0 d0 1 1.0 x\n" * 20000})  # ~340 KB
+  with small_disk(str(tmp_path / "disk"), 64) as disk:
+    if disk.fault:
+      monkeypatch.setenv("BILINEAR_IR_FAULT", disk.fault)
+    models = os.path.join(disk.path, "models")
+    with pytest.raises(WriteError, match="no space left on device writing") as e:
+      saved_model.save_many(models, {"a": (module, params, {"pooling": "mean"}, {})})
+    assert e.value.path == models and e.value.errno == errno.ENOSPC
+    with pytest.raises(WriteError, match="no space left on device writing") as e:
+      report.write(os.path.join(disk.path, "w"), "{}", rep)
+    assert e.value.path.startswith(os.path.join(disk.path, "w", ""))
+    assert not _leftovers(disk.path) and not os.path.exists(models)
+    disk.remount(8192)
+    monkeypatch.delenv("BILINEAR_IR_FAULT", raising=False)
+    saved_model.save_many(models, {"a": (module, params, {"pooling": "mean"}, {})})
+    report.write(os.path.join(disk.path, "w"), "{}", rep)
+    _, got, _ = saved_model.load_model(os.path.join(models, "a"))
+    np.testing.assert_array_equal(got["W"], params["W"])
+    with open(os.path.join(disk.path, "w", "run.trec"), encoding="utf-8") as f:
+      assert f.read() == rep.extra_files["run.trec"]
+    assert not _leftovers(disk.path)
