@@ -4,12 +4,31 @@
 """
 from __future__ import annotations
 
+import os
+
 
 class InputError(ValueError):
   """Bad input: a malformed file or record, or an invalid config value.
 
   Build messages with `where(...)` so they name the file, record and field.
   """
+
+
+class WriteError(InputError):
+  """The machine refused a write: a full disk, a read-only folder, a quota, a permission.
+
+  Not a bug of the project: `main` prints it as one line (exit code 2), e.g. "no space left on
+  device writing runs/x/checkpoints/40", and a rerun after the cause is removed resumes.
+
+  Attributes:
+    errno: the OS error number (`errno.ENOSPC`, ...).
+    path: the file or folder that was being written.
+  """
+
+  def __init__(self, errno: int, path: str):
+    text = os.strerror(errno)
+    super().__init__(f"{text[:1].lower()}{text[1:]} writing {path}")
+    self.errno, self.path = errno, path
 
 
 def where(file: str | None = None, record: object = None, field: str | None = None) -> str:

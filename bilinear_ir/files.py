@@ -6,10 +6,12 @@ Every file the project writes goes through `atomic_write*` (temp file in the sam
 from __future__ import annotations
 
 import contextlib
+import errno as errno_lib
 import hashlib
 import json
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 import zipfile
@@ -18,7 +20,60 @@ from typing import Any, Iterator
 import jax
 import numpy as np
 
+from bilinear_ir.errors import WriteError
 from bilinear_ir.errors import input_error
+
+# OS errors that say the machine refused a write (not a bug of the project): full disk, quota,
+# read-only file system, permissions, a file too large, an I/O error, too many open files.
+REFUSED_WRITE = frozenset({errno_lib.ENOSPC, errno_lib.EDQUOT, errno_lib.EROFS, errno_lib.EACCES,
+                           errno_lib.EPERM, errno_lib.EFBIG, errno_lib.EIO, errno_lib.EMFILE,
+                           errno_lib.ENFILE})
+# How libraries in other languages pass the errno on: tensorstore (orbax's array writer)
+# "RESOURCE_EXHAUSTED: ... [os_error_code='28']", Rust's std::io::Error (safetensors)
+# "I/O error: No space left on device (os error 28)".
+_FOREIGN_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]|\(os error (\d+)\)")
+
+
+def refused_errno(error: BaseException) -> int | None:
+  """The errno of a refused write (one of `REFUSED_WRITE`) behind `error`, or None.
+
+  Looks through the chain of causes and contexts, exception groups, and the messages of
+  tensorstore (orbax's writer threads) and of Rust libraries (safetensors).
+  """
+  todo, seen = [error], set()
+  while todo:
+    e = todo.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, WriteError):
+      return e.errno
+    if isinstance(e, OSError) and e.errno in REFUSED_WRITE:
+      return e.errno
+    match = None if isinstance(e, OSError) else _FOREIGN_ERRNO.search(str(e))
+    if match and int(match.group(1) or match.group(2)) in REFUSED_WRITE:
+      return int(match.group(1) or match.group(2))
+    todo.extend([e.__cause__, e.__context__, *getattr(e, "exceptions", ())])
+  return None
+
+
+def injected_fault(path: str) -> None:
+  """Test hook: with `BILINEAR_IR_FAULT=ENOSPC:FOLDER` set (any errno name), a write under
+  FOLDER fails as the machine would fail it. The fault tests use it only where no small or
+  read-only file system can be mounted."""
+  spec = os.environ.get("BILINEAR_IR_FAULT")
+  if not spec:
+    return
+  name, _, folder = spec.partition(":")
+  if os.path.abspath(path).startswith(os.path.join(os.path.abspath(folder), "")):
+    code = getattr(errno_lib, name)
+    raise OSError(code, os.strerror(code), path)
+
+
+def write_error(path: str, error: BaseException) -> WriteError | None:
+  """A `WriteError` naming `path` when `error` is a refused write, else None (a bug: re-raise)."""
+  code = refused_errno(error)
+  return None if code is None else WriteError(code, path)
 
 
 @contextlib.contextmanager
@@ -26,39 +81,51 @@ def atomic_path(path: str) -> Iterator[str]:
   """Yields a temporary path next to `path`; renames it onto `path` if the block succeeds.
 
   Use for writers that need a file name (matplotlib, np.save, faiss). On error the temporary file
-  is removed and `path` is left untouched.
+  is removed and `path` is left untouched; a refused write (full disk, read-only folder, ...)
+  raises `WriteError` naming `path`.
   """
   folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  suffix = os.path.splitext(path)[1]
-  fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
-  os.close(fd)
+  tmp = None
   try:
+    injected_fault(path)
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=folder)
+    os.close(fd)
     yield tmp
     os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(tmp)
-    raise
+  except BaseException as e:
+    if tmp is not None:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(tmp)
+    refused = write_error(path, e)
+    if refused is None:
+      raise
+    raise refused from None
 
 
 @contextlib.contextmanager
 def atomic_dir(path: str) -> Iterator[str]:
   """Yields a temporary folder next to `path`; if the block succeeds it replaces `path` (an
   existing folder there is removed), else it is removed. Readers never see a half-written
-  folder."""
+  folder. A refused write (full disk, read-only folder, ...) raises `WriteError` naming `path`."""
   path = os.path.abspath(path)
   parent = os.path.dirname(path)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+  tmp = None
   try:
+    injected_fault(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
     yield tmp
     if os.path.exists(path):
       shutil.rmtree(path)
     os.replace(tmp, path)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+  except BaseException as e:
+    if tmp is not None:
+      shutil.rmtree(tmp, ignore_errors=True)
+    refused = write_error(path, e)
+    if refused is None:
+      raise
+    raise refused from None
 
 
 def check_writable_dir(path: str, field: str = "workdir") -> None:
@@ -119,7 +186,16 @@ def atomic_save_npy(path: str, array: np.ndarray) -> None:
     raise ValueError(f"{path}: refusing to save an object array")
   with atomic_path(path) as tmp:
     with open(tmp, "wb") as f:
-      np.save(f, array, allow_pickle=False)
+      # Through `write` in chunks: numpy writes a real file with `tofile`, whose error on a full
+      # disk has lost its errno ("problem writing element 1024 to file").
+      np.save(_Writes(f), array, allow_pickle=False)
+
+
+class _Writes:
+  """Only the `write` of a file (so numpy writes through it)."""
+
+  def __init__(self, f):
+    self.write = f.write
 
 
 def load_npy(path: str, mmap: bool = False) -> np.ndarray:

@@ -4,11 +4,17 @@ r"""The one entry point: `python -m bilinear_ir.main --config=configs/NAME.py[:A
 `--config.x=y`. The job's config is validated and the workdir checked before any work starts;
 outputs (`config.json`, `results.json`, `results.md`, PNG plots) are written to `--workdir` only
 when the job finished. Bad input (a config file that does not load, a bad value, a workdir that
-cannot be written, a malformed data file) exits with code 2 and one line on stderr.
+cannot be written, a malformed data file) exits with code 2 and one line on stderr, and so does a
+write the machine refuses during the run (a full disk, a read-only folder, a quota: the line names
+the path and the reason); rerun the same command once the cause is removed and training resumes
+from its last complete checkpoint. SIGINT (Ctrl-C) and SIGTERM end the run with one line saying
+so, the last complete checkpoint kept, and exit code 130 (SIGINT) or 143 (SIGTERM), 128 + the
+signal number as shells report it; the same command resumes.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from absl import app
@@ -35,6 +41,19 @@ def fail(message: str) -> None:
   sys.exit(2)
 
 
+class Stopped(BaseException):
+  """SIGINT or SIGTERM arrived (a BaseException, as KeyboardInterrupt: `except Exception` does not
+  catch it)."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+def _stop(signum, frame):  # pylint: disable=unused-argument
+  raise Stopped(signum)
+
+
 def run(config, workdir: str):
   """Validates `config`, runs `config.job` and writes its report into `workdir` (process 0)."""
   if config.get("distributed", False):
@@ -56,10 +75,33 @@ def main(argv):
     fail("both --config and --workdir are required")
   logging.set_verbosity(logging.WARNING)
   allocator.keep_freed_memory()
+  for s in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(s, _stop)
   try:
     run(FLAGS.config, os.path.abspath(FLAGS.workdir))
   except InputError as e:
     fail(str(e))
+  except Stopped as e:
+    print(f"error: stopped by {e}; the last complete checkpoint is kept: run the same command "
+          "to resume", file=sys.stderr)
+    sys.exit(128 + e.signum)
+  except Exception as e:  # pylint: disable=broad-except  # re-raised unless a refused write
+    code = files.refused_errno(e)
+    if code is None:
+      raise
+    # Not through the project's writers (which name what they write): the OS's words and path.
+    path = next((x.filename for x in _chain(e) if getattr(x, "filename", None)), None)
+    text = os.strerror(code)
+    fail(f"{text[:1].lower()}{text[1:]}" + (f": {path}" if path else ""))
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+  """`error` and its causes and contexts, outermost first."""
+  chain, e = [], error
+  while e is not None and all(e is not c for c in chain):
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  return chain
 
 
 def _config_path(argv) -> str | None:
@@ -80,12 +122,7 @@ def _reason(error: BaseException) -> str:
   chain is the project's own message; otherwise absl's message (which names the flag) or, when
   that holds a traceback, the innermost exception.
   """
-  chain, seen = [], set()
-  e = error
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    chain.append(e)
-    e = e.__cause__ or e.__context__
+  chain = _chain(error)
   inputs = [e for e in chain if isinstance(e, InputError) and "Traceback" not in str(e)]
   if inputs:
     return str(inputs[-1])

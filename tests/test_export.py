@@ -107,3 +107,40 @@ def test_faiss_export_searches_like_the_project(setup):
   np.testing.assert_allclose(scores, np.sort(want, axis=1)[:, ::-1][:, :5], atol=1e-5)
   doc_ids = open(os.path.join(out, "doc_ids.txt"), encoding="utf-8").read().split()
   assert doc_ids == list(prepared.collection.doc_ids) and ids.max() < len(doc_ids)
+
+
+def test_cls_unnormalised_prompted_residual_export_scores_as_the_project(tmp_path):
+  # The other corner of the settings: CLS pooling left unnormalised, query and doc prompts, the
+  # residual I + P Q^T form with P Q^T far from 0 (perturbed params). Exporting with mean
+  # pooling, a Normalize module, no prompts or without the identity each moves the scores.
+  from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
+  from conftest import perturbed_params  # pylint: disable=g-import-not-at-top
+  config = ml_config(write_beir(str(tmp_path / "beir"), num_docs=20, num_queries=8, seed=6),
+                     write_model(str(tmp_path / "bert"), "bert", seed=5), str(tmp_path / "cache"))
+  config.encoder.pooling, config.encoder.normalize = "cls", False
+  config.encoder.query_prompt, config.encoder.doc_prompt = "query: ", "passage: "
+  prepared = pipeline.prepare(config)
+  settings = prepared.embeddings.manifest["settings"]
+  assert (settings["pooling"], settings["normalize"]) == ("cls", False)
+  assert (settings["query_prompt"], settings["doc_prompt"]) == ("query: ", "passage: ")
+  norms = np.linalg.norm(prepared.embeddings.docs, axis=1)
+  assert np.ptp(norms) > 1e-2 * norms.mean()  # unnormalised indeed
+  c = common.row_config(config, {"scorer": "lowrank", "rank": 3, "residual": "identity"}, 0)
+  module = scorers.from_config(c.model, prepared.dim)
+  params = perturbed_params(module, seed=1)
+  q, d = prepared.embeddings.queries, prepared.embeddings.docs
+  want = np.asarray(module.apply({"params": params}, q, d, method=module.score_all))
+  low = want - q @ d.T
+  assert np.abs(low).max() > 0.1 * np.abs(want).max()  # P Q^T matters as much as I
+  path = str(tmp_path / "model")
+  saved_model.save_model(path, module, params, settings)
+  out = str(tmp_path / "st")
+  _export(path, "sentence-transformers", out)
+  model = SentenceTransformer(out, device="cpu")
+  coll = prepared.collection
+  queries = [coll.queries[qid] for qid in prepared.embeddings.query_ids]
+  got = model.encode_query(queries) @ model.encode_document(coll.doc_strings()).T
+  assert got.shape == want.shape
+  np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
+  info = json.load(open(os.path.join(out, "bilinear_ir.json"), encoding="utf-8"))
+  assert info["embedding"]["pooling"] == "cls" and info["embedding"]["normalize"] is False

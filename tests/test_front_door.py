@@ -67,11 +67,38 @@ def _cases(root: str) -> dict[str, tuple[list[str], str, str]]:
   }
 
 
+def _tree(root: str) -> dict[str, tuple]:
+  """Every folder and file under `root`: path -> ("dir", mode) or ("file", mode, bytes,
+  mtime_ns)."""
+  out = {}
+  for folder, dirs, names in os.walk(root):
+    for d in dirs:
+      path = os.path.join(folder, d)
+      out[path] = ("dir", os.stat(path).st_mode)
+    for n in names:
+      path = os.path.join(folder, n)
+      st = os.stat(path)
+      with open(path, "rb") as f:
+        out[path] = ("file", st.st_mode, f.read(), st.st_mtime_ns)
+  return out
+
+
+def _first_missing(path: str) -> str | None:
+  """The outermost folder of `path` that does not exist (what a slip must not create)."""
+  missing = None
+  while not os.path.exists(path):
+    missing, path = path, os.path.dirname(path)
+  return missing
+
+
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
-  """name -> (returncode, stdout, stderr, workdir, word), every case run concurrently."""
+  """name -> (returncode, stdout, stderr, workdir, word, first missing folder), every case run
+  concurrently; "__tree__" -> the files and folders under the root before and after."""
   root = str(tmp_path_factory.mktemp("front_door"))
   cases = _cases(root)
+  missing = {name: _first_missing(workdir) for name, (_, workdir, _) in cases.items()}
+  before = _tree(root)
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   procs = {name: subprocess.Popen(
       [sys.executable, "-m", "bilinear_ir.main", *args, f"--workdir={workdir}"], cwd=REPO,
@@ -80,7 +107,9 @@ def outcomes(tmp_path_factory):
   out = {}
   for name, proc in procs.items():
     stdout, stderr = proc.communicate(timeout=600)
-    out[name] = (proc.returncode, stdout, stderr, cases[name][1], cases[name][2])
+    out[name] = (proc.returncode, stdout, stderr, cases[name][1], cases[name][2],
+                 missing[name])
+  out["__tree__"] = (before, _tree(root))
   return out
 
 
@@ -94,15 +123,24 @@ CASE_NAMES = sorted([
 
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_slip_exits_2_with_one_line(outcomes, name):
-  code, stdout, stderr, workdir, word = outcomes[name]
+  code, stdout, stderr, workdir, word, missing = outcomes[name]
   lines = [line for line in stderr.splitlines() if line.strip()]
   assert code == 2, f"exit {code}; stderr:\n{stderr}"
   assert len(lines) == 1, f"expected one stderr line, got:\n{stderr}"
   assert lines[0].startswith("error: "), lines[0]
   assert word in lines[0], f"{word!r} not named in: {lines[0]}"
   assert "Traceback" not in stderr + stdout
-  if not os.path.isfile(workdir):
-    assert not os.path.exists(workdir), f"{workdir} was created"
+  # Nothing created: not the workdir, nor any folder above it that was missing.
+  if missing is not None:
+    assert not os.path.exists(missing), f"{missing} was created"
+
+
+def test_slips_leave_every_file_and_folder_as_it_was(outcomes):
+  # The workdir that is a file (and the file a workdir is under) keeps its bytes, mode and
+  # mtime; no folder or file appeared or went away anywhere under the cases' root.
+  before, after = outcomes["__tree__"]
+  assert any(kind[0] == "file" for kind in before.values())
+  assert after == before, sorted(set(after) ^ set(before))
 
 
 def test_cases_cover_every_name(tmp_path):

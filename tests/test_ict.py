@@ -1,5 +1,7 @@
 """Training pairs the corpus makes itself (inverse cloze): the sampler, training without qrels,
 selection on held-out ICT pairs, and the command line on a test-only collection."""
+import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -61,20 +63,30 @@ def test_sampling_is_deterministic_by_seed_and_remove_prob_is_respected():
   assert set(pairs.queries) <= {"One two three four five six.", "Seven eight nine ten eleven."}
 
 
-class _NoQrels(dict):
-  """A qrels mapping any access to which fails the test."""
+class _NoQrels:
+  """Judgements that fail the test on any use: reading, iterating, sizing, testing, copying.
 
-  def __getitem__(self, key):
-    raise AssertionError(f"qrels read: {key!r}")
+  Not a dict (an empty dict's fast paths, `dict(x)`, `{**x}`, json, would see nothing)."""
 
-  def get(self, *args, **kwargs):
-    raise AssertionError("qrels read")
+  def _fail(self, *args, **kwargs):
+    raise AssertionError("qrels used under train.source=ict")
 
-  def items(self):
-    raise AssertionError("qrels read")
+  __getitem__ = __iter__ = __len__ = __contains__ = __bool__ = __eq__ = __reversed__ = _fail
 
-  def __contains__(self, key):
-    raise AssertionError("qrels read")
+  def __getattr__(self, name):  # keys, values, items, get, copy, setdefault, ...
+    raise AssertionError(f"qrels used under train.source=ict: .{name}")
+
+  __hash__ = object.__hash__
+
+
+def test_no_qrels_traps_every_use():
+  trapped = [lambda q: q["q1"], lambda q: list(q), lambda q: len(q), lambda q: "q1" in q,
+             lambda q: bool(q), lambda q: q.keys(), lambda q: q.values(), lambda q: q.items(),
+             lambda q: q.get("q1"), lambda q: dict(q), lambda q: {**q}, lambda q: q == {},
+             lambda q: sorted(q), lambda q: q.copy()]
+  for use in trapped:
+    with pytest.raises(AssertionError, match="qrels used"):
+      use(_NoQrels())
 
 
 @pytest.fixture(scope="module")
@@ -94,18 +106,24 @@ def test_only(tmp_path_factory):
   return root, c, beir, bert
 
 
+def _guarded(prepared, splitset):
+  """`prepared` and `splitset` whose judgements, but those of the test split, are `_NoQrels`:
+  the collection's, the train and dev splits'."""
+  no = lambda split: dataclasses.replace(split, qrels=_NoQrels())
+  coll = dataclasses.replace(prepared.collection, qrels=_NoQrels())
+  return (dataclasses.replace(prepared, collection=coll),
+          dataclasses.replace(splitset, train=no(splitset.train), dev=no(splitset.dev)))
+
+
 def test_ict_training_never_reads_qrels_and_selects_on_ict_pairs(test_only):
   _, c, _, _ = test_only
   prepared = pipeline.prepare(c)
   splitset = pipeline.test_only(prepared.collection, c.data)[0]
-  real = prepared.collection.qrels
-  prepared.collection.qrels = _NoQrels()
-  try:
-    data = training.training_data(spec_lib.Row.of(c), prepared, splitset)
-  finally:
-    prepared.collection.qrels = real
+  guarded, guarded_split = _guarded(prepared, splitset)
+  data = training.training_data(spec_lib.Row.of(c), guarded, guarded_split)
   assert data.source == "ict" and data.ict_pairs == len(data.trainset.pairs) == 40 - 8
-  q_dev, d_dev, dev_ids, dev_qrels = data.dev
+  assert len(data.dev) == 1  # one pair per doc: one round
+  q_dev, d_dev, dev_ids, dev_qrels = data.dev[0]
   assert len(dev_ids) == 8 and all(len(v) == 1 for v in dev_qrels.values())
   # The held-out docs appear in the dev corpus as their positives (the span cut when drawn so).
   assert d_dev.shape == prepared.embeddings.docs.shape
@@ -118,11 +136,44 @@ def test_ict_training_never_reads_qrels_and_selects_on_ict_pairs(test_only):
   excluded = {(int(q), int(d)) for q, d in data.trainset.excluded}
   pool = data.trainset.hard_negatives
   assert all(d not in pool[q] for q, d in excluded)
-  out = training.train_and_evaluate(spec_lib.Row.of(c), prepared, splitset, progress=False)
+  # The whole of training and selection runs with the judgements trapped (only the test split's
+  # are there, for the final evaluation).
+  out = training.train_and_evaluate(spec_lib.Row.of(c), guarded, guarded_split, progress=False)
   assert out["train_source"] == "ict" and out["ict_pairs"] == 32
   assert [h["step"] for h in out["history"]] == [0, 4, 8, 12]
   assert set(out["dev"]) >= {"ndcg@10", "mrr@10"}  # selected on the ICT dev pairs
   assert len(out["per_query"]) == 14  # every test query evaluated
+
+
+def test_dev_pairs_of_one_doc_each_meet_their_own_positive(test_only):
+  # pairs_per_doc > 1 with cut spans: the dev pairs of one doc have different positives (each
+  # its own cut version). In the doc table each dev query is ranked over, the row of its judged
+  # doc must be its own positive, not another pair's cut of the same doc.
+  _, c, _, _ = test_only
+  c = copy.deepcopy(c)
+  c.train.ict.pairs_per_doc, c.train.ict.remove_prob, c.train.ict.dev_docs = 3, 0.7, 8
+  prepared = pipeline.prepare(c)
+  splitset = pipeline.test_only(prepared.collection, c.data)[0]
+  data = training.training_data(spec_lib.Row.of(c), prepared, splitset)
+  ict_data = pipeline.ict_set(prepared, c.encoder, c.train.ict, 1)
+  table = np.concatenate([prepared.embeddings.docs, ict_data.extra_docs])
+  doc_row = {d: i for i, d in enumerate(prepared.collection.doc_ids)}
+  dev_idx = np.flatnonzero(ict_data.pairs.dev)
+  sources = ict_data.pairs.sources[dev_idx]
+  shared = [s for s in set(sources.tolist())
+            if len({int(ict_data.positive_rows[i]) for i in dev_idx[sources == s]}) > 1]
+  assert shared, "the fixture must give a doc dev pairs with different positives"
+  seen = []
+  for q_dev, d_dev, qids, qrels in data.dev:
+    assert d_dev.shape == prepared.embeddings.docs.shape
+    for row, qid in enumerate(qids):
+      i = int(qid[len("ict"):])
+      (doc,) = qrels[qid]
+      assert doc_row[doc] == ict_data.pairs.sources[i]
+      np.testing.assert_array_equal(d_dev[doc_row[doc]], table[ict_data.positive_rows[i]])
+      np.testing.assert_array_equal(q_dev[row], ict_data.queries[i])
+      seen.append(i)
+  assert sorted(seen) == sorted(dev_idx.tolist())  # every dev pair, once
 
 
 def test_command_line_on_a_test_only_collection(test_only, tmp_path):

@@ -1,10 +1,12 @@
 """The `study` job on two tiny collections: one with its own train / test split, one test-only
 (cross-validated), the frozen all-MiniLM-L6-v2 "mean" embedding, a few training steps."""
+import copy
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -126,3 +128,107 @@ def test_study_through_main_writes_table_and_forest_plot(tmp_path):
                                                "learned", "hybrid"}
   assert (w / "forest.png").stat().st_size > 1000
   assert "significantly better than dot on" in (w / "results.md").read_text()
+
+
+def _fake_outcomes(monkeypatch):
+  """Replaces training and the hybrid by made-up outcomes, drawn per (model, seed, split set):
+  a dev metric at the best step, a dev metric at the last step (history), per-query test
+  values. Returns the record {(name, seed, split name): out}."""
+  import zlib  # pylint: disable=g-import-not-at-top
+  record = {}
+
+  def name_of(c):
+    m = c.model
+    name = f"lowrank_r{m.rank}" if m.scorer == "lowrank" else m.scorer
+    return name + ("_ict" if c.train.get("source", "qrels") == "ict" else "")
+
+  def fake_train(c, prepared, s, workdir=None, progress=True):  # pylint: disable=unused-argument
+    key = (name_of(c), int(c.seed), s.name)
+    rng = np.random.default_rng(zlib.crc32(repr(key).encode()))
+    sel = c.train.select_metric
+    per_query = {q: {m: float(rng.random()) for m in c.eval.measures} for q in s.test.query_ids}
+    out = {"per_query": per_query, "dev": {sel: float(rng.random())}, "best_step": 6,
+           "history": [{"step": 12, sel: float(rng.random())}], "params": None,
+           "metrics": {}}
+    record[key] = out
+    return out
+
+  # pylint: disable-next=unused-argument
+  def fake_hybrid(module, params, prepared, dev, test, cfg, measures):
+    return {"per_query": {q: {m: 0.5 for m in measures} for q in test.query_ids}}, 0.5, {}
+
+  monkeypatch.setattr(study.common, "train_and_evaluate", fake_train)
+  monkeypatch.setattr(study.ranking, "evaluate_hybrid", fake_hybrid)
+  return record
+
+
+def test_learned_is_the_dev_argmax_per_fold_and_seed(study_run, monkeypatch):
+  # Made-up outcomes where the dev metric, the test metric and the last step's dev metric each
+  # pick a different model in some fold: `learned` must take the dev pick, per fold and seed.
+  config, _ = study_run
+  record = _fake_outcomes(monkeypatch)
+  rows, _, name = study.run_collection(config, config.collections[1])  # 3 folds x 2 seeds
+  specs = [sp["name"] for sp in study.model_specs(config)]
+  sel, m0 = config.train.select_metric, config.eval.measures[0]
+  learned = next(r for r in rows if r["model"] == "learned")
+  folds = sorted({k[2] for k in record if k[0] == specs[0]})
+  assert len(folds) == 3 and name == "only"
+  want, chosen, differs = [], [], {"test": 0, "last": 0}
+  for seed in config.seeds:
+    per_seed = {}
+    for fold in folds:
+      outs = {n: record[n, seed, fold] for n in specs}
+      pick = max(specs, key=lambda n: outs[n]["dev"][sel])
+      test_mean = lambda n: np.mean([v[m0] for v in outs[n]["per_query"].values()])
+      differs["test"] += max(specs, key=test_mean) != pick
+      differs["last"] += max(specs, key=lambda n: outs[n]["history"][-1][sel]) != pick
+      per_seed.update(outs[pick]["per_query"])
+      chosen.append(pick)
+    want.append(per_seed)
+  assert differs["test"] and differs["last"], differs  # the outcomes can tell them apart
+  assert learned["chosen"] == chosen
+  assert learned["per_query"] == pytest.approx(
+      {q: np.mean([w[q][m0] for w in want]) for q in want[0]}, abs=1e-12)
+
+
+def test_unseen_doc_is_judged_against_training_and_dev_queries():
+  # Hand-made split sets: a test query is unseen-doc when none of its relevant docs is relevant
+  # to a training or dev query of its own split set. Docs shared only among test queries (d3),
+  # judged 0 in training (d5), or relevant in another split set's training (d7) do not make a
+  # test query seen; a relevant doc of a dev query (d2) does.
+  split = lambda name, qrels: pipeline.Split(name, sorted(qrels), qrels)
+  a = pipeline.SplitSet("fold0", split("train", {"q1": {"d1": 1, "d5": 0}}),
+                        split("dev", {"q2": {"d2": 1}}),
+                        split("test", {"q3": {"d1": 1}, "q4": {"d3": 1}, "q5": {"d3": 1},
+                                       "q6": {"d2": 1, "d9": 1}, "q8": {"d5": 1},
+                                       "q9": {"d1": 0, "d7": 1}}))
+  b = pipeline.SplitSet("fold1", split("train", {"q4": {"d7": 1}}), split("dev", {}),
+                        split("test", {"q1": {"d1": 1}, "q10": {"d8": 1}}))
+  # pylint: disable-next=protected-access
+  assert study._unseen([a, b]) == ["q1", "q10", "q4", "q5", "q8", "q9"]
+
+
+def test_unseen_doc_queries_of_the_run_are_those_of_the_definition(study_run):
+  # The study's unseen-doc ids, recomputed from the collections' qrels and split sets.
+  config, res = study_run
+  for entry in config.collections:
+    data = study.collection_data(config, entry)
+    coll = loaders.load(data)
+    cfg = copy.deepcopy(config)
+    with cfg.unlocked():
+      cfg.data = data
+    # pylint: disable-next=protected-access
+    sets = study._splitsets(types.SimpleNamespace(collection=coll), cfg, int(config.folds))
+    want = []
+    for s in sets:
+      seen = {d for q in s.train.query_ids + s.dev.query_ids
+              for d, rel in coll_qrels(coll, q).items() if rel > 0}
+      want += [q for q in s.test.query_ids
+               if not {d for d, rel in coll_qrels(coll, q).items() if rel > 0} & seen]
+    assert res["unseen_doc"][coll.name] == sorted(want)
+    assert 0 < len(want) < sum(len(s.test.query_ids) for s in sets)  # not all, not none
+
+
+def coll_qrels(coll, qid):
+  """The judgements of `qid` in whichever split of `coll` holds them."""
+  return next(q[qid] for q in coll.qrels.values() if qid in q)

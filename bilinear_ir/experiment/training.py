@@ -48,9 +48,11 @@ class TrainingData:
     docs: [N + R, ...] doc features: the corpus, then R extra docs (ICT positives whose span was
       cut).
     trainset: the pairs over those rows and the negative pools.
-    dev: source "ict": (query features [Q_d, ...], doc features [N, ...], query ids, qrels) of
-      the held-out ICT pairs (None when there are none: the last step wins); the other sources
-      select on the split set's dev split (None here).
+    dev: source "ict": the held-out ICT pairs as rounds, each (query features [Q_r, ...], doc
+      features [N, ...], query ids, qrels), a doc's row holding the version (cut or whole) that
+      is the positive of the round's pairs from it; one round unless `pairs_per_doc > 1` gives
+      a doc pairs with different positives (None when there are no held-out pairs: the last
+      step wins). The other sources select on the split set's dev split (None here).
     source: "qrels", "ict" or "both".
     ict_pairs: ICT training pairs used (0 for "qrels").
   """
@@ -84,15 +86,25 @@ def training_data(row: spec.Row, prepared: pipeline.Prepared,
   is_dev = data.pairs.dev
   if source == "ict":
     ts = pipeline.ict_trainset(data, ~is_dev, n, hard_depth)
-    dev_docs = np.array(emb.docs)
-    cut = np.flatnonzero(is_dev & data.pairs.removed)
-    dev_docs[data.pairs.sources[cut]] = data.extra_docs[data.positive_rows[cut] - n]
-    dev_idx = np.flatnonzero(is_dev)
-    qids = [f"ict{i}" for i in dev_idx]
-    qrels = {q: {prepared.collection.doc_ids[data.pairs.sources[i]]: 1}
-             for q, i in zip(qids, dev_idx)}
-    dev = (data.queries[dev_idx], dev_docs, qids, qrels) if len(dev_idx) else None
-    return TrainingData(data.queries[~is_dev], docs, ts, dev, source, int(np.sum(~is_dev)))
+    sources, positives = data.pairs.sources, data.positive_rows
+    # A doc's dev pairs with different positives (cut versions, the whole doc) go to different
+    # rounds: one doc table holds one version of each doc.
+    rounds, versions = {}, {}
+    for i in np.flatnonzero(is_dev):
+      key = (int(sources[i]), int(positives[i]))
+      versions.setdefault(key, sum(k[0] == key[0] for k in versions))
+      rounds.setdefault(versions[key], []).append(i)
+    dev = []
+    for r in sorted(rounds):
+      idx = np.asarray(rounds[r])
+      dev_docs = np.array(emb.docs)
+      cut = idx[data.pairs.removed[idx]]
+      dev_docs[sources[cut]] = data.extra_docs[positives[cut] - n]
+      qids = [f"ict{i}" for i in idx]
+      qrels = {q: {prepared.collection.doc_ids[sources[i]]: 1} for q, i in zip(qids, idx)}
+      dev.append((data.queries[idx], dev_docs, qids, qrels))
+    return TrainingData(data.queries[~is_dev], docs, ts, tuple(dev) or None, source,
+                        int(np.sum(~is_dev)))
   judged, rows = pipeline.trainset(prepared, splitset.train, hard_depth)
   pool = np.flatnonzero(~is_dev)
   take = min(len(pool), int(round(float(tcfg.ict.ratio) * len(judged.pairs))))
@@ -162,10 +174,13 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
   on_dev = None
   if data is not None and data.source == "ict":
     if data.dev is not None:
-      q_dev, d_dev, dev_ids, dev_qrels = data.dev
-      on_dev = lambda p: evaluate.evaluate_scorer(
-          module, p, q_dev, d_dev, dev_ids, doc_ids, dev_qrels, mode="full", depth=dev_depth,
-          measures=dev_measures)[0]["mean"]
+      def on_dev(p):  # mean over the dev pairs of every round
+        per_query = {}
+        for q_dev, d_dev, dev_ids, dev_qrels in data.dev:
+          per_query.update(evaluate.evaluate_scorer(
+              module, p, q_dev, d_dev, dev_ids, doc_ids, dev_qrels, mode="full",
+              depth=dev_depth, measures=dev_measures)[0]["per_query"])
+        return {m: float(np.mean([v[m] for v in per_query.values()])) for m in dev_measures}
   elif splitset.dev.query_ids:
     on_dev = lambda p: evaluate_on(splitset.dev, p, dev_measures, dev_depth)[0]["mean"]
   if has_params:
