@@ -76,8 +76,9 @@ def training_data(config: ml_collections.ConfigDict, prepared: pipeline.Prepared
   source = tcfg.get("source", "qrels")
   hard_depth = tcfg.hard_depth if tcfg.hard_negatives else 0
   n = prepared.collection.num_docs
+  negatives_from = tcfg.get("negatives_from", "bm25")
   if source == "qrels":
-    ts, rows = pipeline.trainset(prepared, splitset.train, hard_depth)
+    ts, rows = pipeline.trainset(prepared, splitset.train, hard_depth, negatives_from)
     return TrainingData(emb.queries[rows], emb.docs, ts, None, source, 0)
   data = pipeline.ict_set(prepared, config.encoder, tcfg.ict, max(hard_depth, 1))
   docs = np.concatenate([emb.docs, data.extra_docs])
@@ -93,7 +94,7 @@ def training_data(config: ml_collections.ConfigDict, prepared: pipeline.Prepared
              for q, i in zip(qids, dev_idx)}
     dev = (data.queries[dev_idx], dev_docs, qids, qrels) if len(dev_idx) else None
     return TrainingData(data.queries[~is_dev], docs, ts, dev, source, int(np.sum(~is_dev)))
-  judged, rows = pipeline.trainset(prepared, splitset.train, hard_depth)
+  judged, rows = pipeline.trainset(prepared, splitset.train, hard_depth, negatives_from)
   pool = np.flatnonzero(~is_dev)
   take = min(len(pool), int(round(float(tcfg.ict.ratio) * len(judged.pairs))))
   keep = np.zeros(len(is_dev), bool)
