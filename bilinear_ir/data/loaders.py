@@ -3,10 +3,11 @@
 One module per layout (`config.data.format`): `scifact` (the SciFact CSV zip; `path` "" is the
 copy embedded in the package), `beir` (a BEIR folder), `msmarco` (MS MARCO passage files),
 `trec_folder` (TREC Robust04 SGML / CAR paragraphs), `insuranceqa` (InsuranceQA V2 from the
-installed package `insuranceqa_data` when `path` is "", or a folder of its four files). Every problem is an `InputError` naming the
-file, the line (or zip member) and the field: duplicate doc or query ids, qrels naming unknown
-docs or queries, a doc with neither title nor text, broken JSON lines, non-integer relevance,
-bytes that are not UTF-8, missing files or columns. Nothing is skipped silently.
+installed package `insuranceqa_data` when `path` is "", or a folder of its four files). Every
+problem is an `InputError` naming the file, the line (or zip member) and the field: duplicate doc
+or query ids, qrels naming unknown docs or queries, a doc with neither title nor text, broken
+JSON lines, non-integer relevance, bytes that are not UTF-8, missing files or columns. Nothing is
+skipped silently.
 """
 from __future__ import annotations
 

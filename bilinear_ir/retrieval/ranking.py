@@ -204,8 +204,8 @@ def evaluate_run(query_ids: Sequence[str], doc_ids: Sequence[str], idx: np.ndarr
   run = {}
   for i, qid in enumerate(query_ids):  # one dict per query, built by C loops
     keep = idx[i] >= 0
-    run[qid] = (dict(zip(names[i].tolist(), values[i])) if keep.all()
-                else dict(zip(names[i][keep].tolist(), scores[i][keep].astype(np.float64).tolist())))
+    run[qid] = (dict(zip(names[i].tolist(), values[i])) if keep.all() else
+                dict(zip(names[i][keep].tolist(), scores[i][keep].astype(np.float64).tolist())))
   return metrics, run
 
 
