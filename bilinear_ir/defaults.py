@@ -127,12 +127,20 @@ def data_config() -> ml_collections.ConfigDict:
 
   Fields:
     format: "scifact" (the shipped zip or a zip at `path`), "beir" (a BEIR-layout folder),
-      "msmarco" (official MS MARCO passage files), "trec" (TREC CAR / Robust04 style files).
-    path: file or folder; "" means the SciFact copy embedded in the package.
+      "msmarco" (official MS MARCO passage files), "trec" (TREC CAR / Robust04 style files),
+      "insuranceqa" (InsuranceQA V2 from the package insuranceqa-data 1.2, the `iqa` extra).
+    path: file or folder; "" means the SciFact copy embedded in the package (scifact) or the
+      installed package's files (insuranceqa).
     train_split: split whose queries train the model.
     split: split evaluated (test).
+    dev_split: the split that selects models and hybrid weights: "auto" = the collection's own
+      "dev" split when it has one (InsuranceQA; a BEIR folder with `qrels/dev.tsv`) and it is
+      neither `train_split` nor `split`, else `dev_fraction` of the training queries; "" =
+      always `dev_fraction` of the training queries; another name = that split (it must exist).
+      Not used with `folds` (each fold carves its own dev part).
     dev_fraction: share of the training queries held out (by `seed`) as the dev split used for
-      model selection and hybrid weights; the test split is never used for selection.
+      model selection and hybrid weights when there is no dev split (`dev_split`); the test
+      split is never used for selection.
     folds: K >= 2 runs K-fold cross-validation over the queries of `split` (for collections with
       a single judged split): train on K - 1 folds, evaluate on the held-out one, report
       mean/std; 0 = no folds.
@@ -142,6 +150,7 @@ def data_config() -> ml_collections.ConfigDict:
   c.path = ""
   c.train_split = "train"
   c.split = "test"
+  c.dev_split = "auto"
   c.dev_fraction = 0.1
   c.folds = 0
   return c
@@ -279,8 +288,12 @@ def train_config() -> ml_collections.ConfigDict:
       softmax temperature; the scale whose margins the student matches).
     margin: margin of the "margin" loss.
     batch_size: pairs per step B (a multiple of the device count is used).
-    hard_negatives: negatives per query from the hard pool (BM25 top `hard_depth`).
+    hard_negatives: negatives per query from the hard pool (`negatives_from`).
     hard_depth: depth of the hard-negative pool.
+    negatives_from: where the hard pool comes from: "bm25" (each query's BM25 top `hard_depth`
+      minus its positives) or "dataset" (the first `hard_depth` non-relevant docs the collection
+      itself lists for the query, `Collection.negatives`: InsuranceQA's 200 per question).
+      ICT pairs (`source` "ict", "both") always take their span's BM25 ranking.
     random_negatives: negatives per query drawn uniformly from the corpus.
     in_batch: other queries' candidates count as negatives.
     steps: total optimisation steps (0: `epochs` epochs).
@@ -319,6 +332,7 @@ def train_config() -> ml_collections.ConfigDict:
   c.batch_size = 128
   c.hard_negatives = 1
   c.hard_depth = 100
+  c.negatives_from = "bm25"
   c.random_negatives = 1
   c.in_batch = True
   c.steps = 0

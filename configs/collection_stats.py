@@ -19,7 +19,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.job = "collection_stats"  # bilinear_ir.data.loaders:stats_job
   c.seed = 0  # unused by this job; every config carries one
-  # Which collection: format "scifact" | "beir" | "msmarco" | "trec"; path "" = embedded SciFact.
+  # Which collection: format "scifact" | "beir" | "msmarco" | "trec" | "insuranceqa"; path "" =
+  # embedded SciFact (scifact) or the installed package's files (insuranceqa).
   c.data = defaults.data_config()
   c.data.format = args["format"]
   c.data.path = args["path"]

@@ -6,7 +6,8 @@ queries on several collections and embeddings, every choice made on dev.
 embeddings=mean+cls,seeds=0+1+2 --workdir=runs/study
 
 Args (after `:`, comma separated; lists joined by `+`): collections (scifact, cacm, med, lisa:
-shipped with the package; or a BEIR folder or zip), embeddings (names of defaults.EMBEDDINGS:
+shipped with the package; insuranceqa: read from the package insuranceqa-data 1.2, the `iqa`
+extra; or a BEIR folder or zip), embeddings (names of defaults.EMBEDDINGS:
 mean, cls, mpnet-mean, mpnet-cls; or precomputed:DIR), seeds, folds (K of the cross-validation
 of test-only collections), ranks (of the residual low-rank rows), models (wdp, bilinear,
 lowrank), ict_rows (e.g. bilinear+lowrank_r32: also trained on ICT pairs), quick (bool: one

@@ -156,3 +156,60 @@ def test_bad_inputs():
     evaluate({"q": {"a": 1.5}}, {"q": {"a": 1.0}}, ["map"])
   with pytest.raises(InputError, match="field 'score'"):
     evaluate({"q": {"a": 1}}, {"q": {"a": float("nan"), "b": 1.0}}, ["map"])
+
+
+# ---------------------------------------------------------------------------------------------
+# `evaluate_topk`: the same numbers from top-k arrays, without building the run.
+
+
+def _as_arrays(run, rng: np.random.Generator, extra_docs: list[str]):
+  """The run as (query ids, doc ids, idx [Q, k], scores [Q, k]): columns shuffled, rows padded
+  with -1, doc ids including docs no query retrieved."""
+  query_ids = list(run)
+  doc_ids = sorted({d for docs in run.values() for d in docs} | set(extra_docs))
+  row = {d: j for j, d in enumerate(doc_ids)}
+  k = max([len(docs) for docs in run.values()] + [0]) + int(rng.integers(0, 3))
+  idx = np.full((len(run), k), -1, np.int64)
+  scores = np.full((len(run), k), np.nan)  # padding scores are never read
+  for i, docs in enumerate(run.values()):
+    cols = rng.permutation(k)[:len(docs)]
+    idx[i, cols] = [row[d] for d in docs]
+    scores[i, cols] = list(docs.values())
+  return query_ids, doc_ids, idx, scores
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_evaluate_topk_equals_evaluate(seed):
+  """Exactly equal (not approximately) to `evaluate` of the same run, on runs with ties, ties
+  visible only in float32, queries absent from the run and run queries absent from the qrels."""
+  from bilinear_ir.eval.metrics import evaluate_topk  # pylint: disable=g-import-not-at-top
+  qrels, run = _random_case(200 + seed)
+  rng = np.random.default_rng(seed)
+  del run[sorted(qrels)[seed % len(qrels)]]  # a judged query the run lacks
+  names = list(OURS_TO_TREC) + MRR
+  for measures in (names, ["ndcg@10", "mrr@10"], ["map"]):
+    want = evaluate(qrels, run, measures)
+    got = evaluate_topk(qrels, *_as_arrays(run, rng, ["zz", "0"]), measures)
+    assert got == want
+
+
+def test_evaluate_topk_edges():
+  from bilinear_ir.eval.metrics import evaluate_topk  # pylint: disable=g-import-not-at-top
+  qrels = {"q": {"a": 1, "b": 2}}
+  docs = ["a", "b", "c"]
+  # +0.0 and -0.0 tie (then "b" > "a"); the -1 column is no doc.
+  idx, scores = np.array([[0, 1, -1]]), np.array([[0.0, -0.0, 5.0]], np.float32)
+  run = {"q": {"a": 0.0, "b": -0.0}}
+  assert evaluate_topk(qrels, ["q"], docs, idx, scores, ["mrr@1", "ndcg"]) == evaluate(
+      qrels, run, ["mrr@1", "ndcg"])
+  assert evaluate_topk(qrels, ["q"], docs, idx, scores, ["mrr@1"])["mean"]["mrr@1"] == 1.0
+  empty = evaluate_topk(qrels, [], docs, np.zeros((0, 4), int), np.zeros((0, 4)), ["map"])
+  assert empty == {"mean": {"map": 0.0}, "per_query": {"q": {"map": 0.0}}}
+  with pytest.raises(InputError, match="a doc row repeats"):
+    evaluate_topk(qrels, ["q"], docs, np.array([[1, 1]]), np.array([[1.0, 0.5]]), ["map"])
+  with pytest.raises(InputError, match="field 'score'"):
+    evaluate_topk(qrels, ["q"], docs, np.array([[1, 0]]), np.array([[np.nan, 0.5]]), ["map"])
+  with pytest.raises(InputError, match="query ids repeat"):
+    evaluate_topk(qrels, ["q", "q"], docs, np.array([[1], [0]]), np.ones((2, 1)), ["map"])
+  with pytest.raises(InputError, match=r"doc rows must lie in \[0, 3\)"):
+    evaluate_topk(qrels, ["q"], docs, np.array([[3]]), np.ones((1, 1)), ["map"])

@@ -126,6 +126,35 @@ def test_non_finite_gradients_skip_the_update():
   assert np.any(np.asarray(res.last_params["v"]) != 1.0)
 
 
+def _pool_loop(pairs, ranked, depth):
+  """The per-query loop `hard_negative_pool` replaced: its brute-force twin."""
+  positives = {}
+  for q, d in pairs:
+    positives.setdefault(int(q), set()).add(int(d))
+  out = np.full((ranked.shape[0], depth), -1, np.int64)
+  for q in range(ranked.shape[0]):
+    keep = [int(d) for d in ranked[q] if d >= 0 and int(d) not in positives.get(q, ())][:depth]
+    out[q, :len(keep)] = keep
+  return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_hard_negative_pool_equals_the_loop(seed):
+  rng = np.random.default_rng(seed)
+  for _ in range(50):
+    n_q, n_docs, k = rng.integers(1, 20), rng.integers(2, 60), rng.integers(1, 40)
+    ranked = np.stack([rng.permutation(max(n_docs, k))[:k] for _ in range(n_q)])
+    ranked[rng.random(n_q) < 0.2] = -1  # rows without a ranking (ICT's judged-query rows)
+    ranked[:, k - 1][rng.random(n_q) < 0.3] = -1  # a shorter ranking
+    first = ranked[ranked >= 0]
+    n_p = int(rng.integers(1, 40))
+    docs = rng.choice(first, n_p) if len(first) and seed % 2 else rng.integers(0, n_docs, n_p)
+    pairs = np.stack([rng.integers(0, n_q + 2, n_p), docs], 1)
+    depth = int(rng.integers(1, 45))
+    np.testing.assert_array_equal(hard_negative_pool(pairs, ranked, depth),
+                                  _pool_loop(pairs, ranked, depth))
+
+
 def test_batches_are_deterministic_and_masks_false_negatives():
   pairs = np.array([[0, 1], [0, 2], [1, 2], [2, 3], [3, 4], [4, 0], [5, 5], [6, 6]])
   ranked = np.array([[1, 2, 7, 8], [2, 7, 8, 9], [3, 9, 1, 0], [4, 5, 6, 7], [0, 1, 2, 3],

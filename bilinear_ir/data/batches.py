@@ -73,23 +73,35 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def hard_negative_pool(trainset_pairs: np.ndarray, ranked_docs: np.ndarray, depth: int
                        ) -> np.ndarray:
-  """The top-`depth` of each query's ranking with its positives removed.
+  """The top-`depth` of each query's ranking with its positives removed (vectorised: no loop
+  over queries).
 
   Args:
     trainset_pairs: [P, 2] (query row, doc row) positives.
-    ranked_docs: [Q, K] doc rows per query row, best first (e.g. BM25 top-K).
+    ranked_docs: [Q, K] doc rows per query row, best first (e.g. BM25 top-K); -1 = none.
     depth: H, how many negatives to keep per query.
 
   Returns:
-    [Q, H] int doc rows, -1 padded.
+    [Q, H] int doc rows in ranking order, valid entries first, -1 padded.
   """
-  positives: dict[int, set[int]] = {}
-  for q, d in np.asarray(trainset_pairs):
-    positives.setdefault(int(q), set()).add(int(d))
-  out = np.full((ranked_docs.shape[0], depth), -1, np.int64)
-  for q in range(ranked_docs.shape[0]):
-    keep = [int(d) for d in ranked_docs[q] if int(d) not in positives.get(q, ())][:depth]
-    out[q, :len(keep)] = keep
+  ranked = np.asarray(ranked_docs, np.int64)
+  pairs = np.asarray(trainset_pairs, np.int64).reshape(-1, 2)
+  # A row keeps its first `depth` entries that are neither positives nor -1: when no -1 is
+  # among the first depth + (most positives of a row) columns, the later ones never matter.
+  most = int(np.bincount(pairs[:, 0], minlength=1).max(initial=0)) if len(pairs) else 0
+  if depth + most < ranked.shape[1] and not (ranked[:, :depth + most] < 0).any():
+    ranked = ranked[:, :depth + most]
+  n_rows, k = ranked.shape
+  width = int(max(ranked.max(initial=-1), pairs[:, 1].max(initial=-1))) + 1
+  positive_keys = np.unique(pairs[:, 0] * width + pairs[:, 1])  # sorted (query, doc) keys
+  keys = np.arange(n_rows, dtype=np.int64)[:, None] * width + ranked
+  at = np.minimum(np.searchsorted(positive_keys, keys), max(len(positive_keys) - 1, 0))
+  is_positive = (positive_keys[at] == keys) if len(positive_keys) else np.zeros_like(keys, bool)
+  drop = (ranked < 0) | is_positive  # [Q, K]
+  order = np.argsort(drop, axis=1, kind="stable")[:, :depth]  # kept entries first, in order
+  out = np.full((n_rows, depth), -1, np.int64)
+  kept = ~np.take_along_axis(drop, order, axis=1)
+  out[:, :order.shape[1]] = np.where(kept, np.take_along_axis(ranked, order, axis=1), -1)
   return out
 
 

@@ -32,6 +32,12 @@ class Collection:
       query, positive passage, negative passage texts), "" when absent. It is tens of GB for
       the real data, so it is not read here: `data.msmarco.msmarco_triples` streams it (for
       `data.tfds_builder`) and validates each line as it goes.
+    query_meta: {qid: {key: value}} per-query metadata kept from the files (InsuranceQA:
+      {"domain": "life-insurance"}); empty when the collection has none.
+    negatives: {qid: [doc ids]} the non-relevant docs the dataset itself lists per query
+      (InsuranceQA: the 200 a search engine returned), in the file's order; never a doc judged
+      relevant to that query; empty when the collection lists none. A hard-negative source
+      (`train.negatives_from = "dataset"`).
   """
   name: str
   doc_ids: list[str]
@@ -42,6 +48,8 @@ class Collection:
   source: str = ""
   candidates: dict[str, dict[str, list[str]]] = dataclasses.field(default_factory=dict)
   triples_path: str = ""
+  query_meta: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+  negatives: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
   @property
   def num_docs(self) -> int:

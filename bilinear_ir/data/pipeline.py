@@ -8,6 +8,7 @@ plain arrays and dataclasses, never a loader's internals.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import ml_collections
 import numpy as np
@@ -19,7 +20,11 @@ from bilinear_ir.data import loaders
 from bilinear_ir.data import precomputed
 from bilinear_ir.data import sparse
 from bilinear_ir.data.batches import TrainSet, hard_negative_pool
+from bilinear_ir.errors import input_error
 from bilinear_ir.errors import require
+
+# `train.negatives_from`: where a query's hard-negative pool comes from (`trainset`).
+NEGATIVE_SOURCES = ("bm25", "dataset")
 
 
 @dataclasses.dataclass
@@ -138,16 +143,43 @@ def _split(name: str, qrels: dict[str, dict[str, int]], qids: list[str]) -> Spli
   return Split(name, sorted(qids), {q: dict(qrels[q]) for q in qids})
 
 
+def dev_split_name(coll: collection_lib.Collection, data_cfg: ml_collections.ConfigDict
+                   ) -> str | None:
+  """The split `data.dev_split` selects on, or None to carve `dev_fraction` out of train.
+
+  "auto": "dev" when the collection has it and it is neither `train_split` nor `split`; "": None;
+  another name: that split, which must exist and differ from the train and test splits.
+  """
+  name = data_cfg.get("dev_split", "auto")
+  if name == "auto":
+    return "dev" if "dev" in coll.qrels and "dev" not in (data_cfg.train_split,
+                                                          data_cfg.split) else None
+  if not name:
+    return None
+  require(name in coll.qrels, f"collection {coll.name!r} has no split {name!r}; it has "
+          f"{sorted(coll.qrels)}", field="data.dev_split")
+  require(name not in (data_cfg.train_split, data_cfg.split),
+          f"the dev split {name!r} is also the train or test split", field="data.dev_split")
+  return name
+
+
 def splits(coll: collection_lib.Collection, data_cfg: ml_collections.ConfigDict, seed: int
            ) -> list[SplitSet]:
   """The train / dev / test assignments of a job.
 
-  Without folds: train = `data.train_split` minus a `dev_fraction` carved out by `seed`, test =
-  `data.split`. With `data.folds = K`: K-fold cross-validation over the queries of `data.split`
-  (train on K - 1 folds minus a dev part, test on the held-out fold).
+  Without folds: train = `data.train_split`, dev = the collection's dev split when
+  `data.dev_split` names one (`dev_split_name`), else a `dev_fraction` of the training queries
+  carved out by `seed`; test = `data.split`. A dev-split query also judged in the train or test
+  split is an `InputError`.
+  With `data.folds = K`: K-fold cross-validation over the queries of `data.split` (train on
+  K - 1 folds minus a dev part, test on the held-out fold); `data.dev_split` must then be
+  "auto" or "".
   """
   qrels = coll.qrels
   if data_cfg.folds and data_cfg.folds > 1:
+    require(data_cfg.get("dev_split", "auto") in ("auto", ""), "with data.folds each fold "
+            "carves its own dev part; set data.dev_split to \"auto\" or \"\"",
+            field="data.dev_split")
     test_qids = coll.split_query_ids(data_cfg.split)
     out = []
     for k, (rest, held) in enumerate(collection_lib.kfold(test_qids, data_cfg.folds, seed)):
@@ -161,9 +193,20 @@ def splits(coll: collection_lib.Collection, data_cfg: ml_collections.ConfigDict,
           field="data.split")
   train_qids = coll.split_query_ids(data_cfg.train_split)
   test_qids = coll.split_query_ids(data_cfg.split)
-  train, dev = collection_lib.split_dev(train_qids, data_cfg.dev_fraction, seed)
   q_train = qrels[data_cfg.train_split]
-  return [SplitSet("main", _split("train", q_train, train), _split("dev", q_train, dev),
+  dev_name = dev_split_name(coll, data_cfg)
+  if dev_name is None:
+    train, dev = collection_lib.split_dev(train_qids, data_cfg.dev_fraction, seed)
+    dev_split = _split("dev", q_train, dev)
+  else:
+    train, dev = train_qids, coll.split_query_ids(dev_name)
+    dev_split = _split("dev", qrels[dev_name], dev)
+    for other, what in ((train, data_cfg.train_split), (test_qids, data_cfg.split)):
+      shared = sorted(set(dev).intersection(other))
+      require(not shared, f"query {shared[0] if shared else ''!r} is judged in both the dev "
+              f"split {dev_name!r} and the split {what!r} ({len(shared)} shared)",
+              field="data.dev_split")
+  return [SplitSet("main", _split("train", q_train, train), dev_split,
                    _split("test", qrels[data_cfg.split], test_qids))]
 
 
@@ -240,17 +283,60 @@ def ict_trainset(data: IctSet, keep: np.ndarray, num_docs: int, hard_depth: int,
   return TrainSet(pairs, query_offset + len(idx), num_docs, pool, excluded)
 
 
-def trainset(prepared: Prepared, split: Split, hard_depth: int) -> tuple[TrainSet, np.ndarray]:
-  """Positive pairs of `split` over (query rows of the split, doc rows) + BM25 hard negatives.
+def listed_negatives(coll: collection_lib.Collection, query_ids: list[str]) -> np.ndarray:
+  """The non-relevant docs the collection itself lists for each query (`Collection.negatives`),
+  as doc rows in the listed order: [Q_s, K] int, -1 padded (K: the longest list, >= 1).
+
+  Raises:
+    InputError: a query without a list (the collection lists none for it), or an unknown doc id.
+  """
+  missing = [q for q in query_ids if q not in coll.negatives]
+  require(not missing, f"train.negatives_from 'dataset' needs the negatives the collection "
+          f"lists per query; {coll.name!r} lists none for query "
+          f"{missing[0] if missing else ''!r} ({len(missing)} queries)",
+          field="train.negatives_from")
+  lists = [coll.negatives[q] for q in query_ids]
+  counts = np.fromiter(map(len, lists), np.int64, len(lists))
+  doc_index = coll.doc_index()
+  flat = list(itertools.chain.from_iterable(lists))
+  rows = np.fromiter(map(doc_index.get, flat, itertools.repeat(-1)), np.int64, len(flat))
+  if np.any(rows < 0):
+    bad = flat[int(np.argmax(rows < 0))]
+    raise input_error(f"unknown doc id {bad!r} among the listed negatives", file=coll.source,
+                      field="negatives")
+  out = np.full((len(query_ids), max(1, int(counts.max(initial=0)))), -1, np.int64)
+  starts = np.cumsum(counts) - counts
+  out[np.repeat(np.arange(len(query_ids)), counts),
+      np.arange(len(flat)) - np.repeat(starts, counts)] = rows
+  return out
+
+
+def trainset(prepared: Prepared, split: Split, hard_depth: int, negatives_from: str = "bm25"
+             ) -> tuple[TrainSet, np.ndarray]:
+  """Positive pairs of `split` over (query rows of the split, doc rows) + hard negatives.
+
+  Args:
+    prepared: the collection, embeddings and BM25 rankings.
+    split: the training split.
+    hard_depth: H, the hard-negative pool per query (0: none).
+    negatives_from: the pool's source (`NEGATIVE_SOURCES`, `train.negatives_from`): "bm25" (the
+      query's BM25 ranking) or "dataset" (the collection's listed negatives,
+      `listed_negatives`); either way the query's positives are removed and the first H kept.
 
   Returns:
     (TrainSet over the split's queries in `split.query_ids` order, [Q_s] rows of those queries in
     `prepared.embeddings.query_ids`).
   """
+  require(negatives_from in NEGATIVE_SOURCES, f"must be one of {NEGATIVE_SOURCES}, got "
+          f"{negatives_from!r}", field="train.negatives_from")
   doc_index = prepared.collection.doc_index()
   pairs = [(i, doc_index[d]) for i, q in enumerate(split.query_ids)
            for d, rel in sorted(split.qrels[q].items()) if rel > 0]
   rows = prepared.query_row_index(split.query_ids)
   pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
-  pool = hard_negative_pool(pairs, prepared.bm25_idx[rows], hard_depth) if hard_depth else None
+  pool = None
+  if hard_depth:
+    ranked = (prepared.bm25_idx[rows] if negatives_from == "bm25"
+              else listed_negatives(prepared.collection, split.query_ids))
+    pool = hard_negative_pool(pairs, ranked, hard_depth)
   return TrainSet(pairs, len(split.query_ids), prepared.collection.num_docs, pool), rows

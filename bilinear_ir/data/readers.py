@@ -121,6 +121,8 @@ class CollectionBuilder:
     self.query_file: dict[str, str] = {}
     self.qrels: dict[str, dict[str, dict[str, int]]] = {}
     self.candidates: dict[str, dict[str, list[str]]] = {}
+    self.query_meta: dict[str, dict[str, str]] = {}
+    self.negatives: dict[str, list[str]] = {}
 
   def add_doc(self, doc_id: str, title: str, text: str, file: str, record: str,
               id_field: str, text_field: str) -> None:
@@ -174,7 +176,8 @@ class CollectionBuilder:
     return Collection(name=self.name, doc_ids=self.doc_ids, titles=self.titles,
                       texts=self.texts, queries=self.queries, qrels=self.qrels,
                       source=self.source, candidates=self.candidates,
-                      triples_path=triples_path)
+                      triples_path=triples_path, query_meta=self.query_meta,
+                      negatives=self.negatives)
 
 
 def folder_name(path: str) -> str:

@@ -38,13 +38,19 @@ def evaluate_run(query_ids: Sequence[str], doc_ids: Sequence[str], idx: np.ndarr
     qrels: {qid: {doc_id: rel}} of the evaluated split.
 
   Returns:
-    (metrics `{"mean": ..., "per_query": ...}` from `eval.metrics.evaluate`, run dict).
+    (metrics `{"mean": ..., "per_query": ...}`, equal to `eval.metrics.evaluate` of the run but
+    computed from the arrays (`metrics.evaluate_topk`), run dict).
   """
+  idx, scores = np.asarray(idx), np.asarray(scores)
+  metrics = metrics_lib.evaluate_topk(qrels, query_ids, doc_ids, idx, scores, list(measures))
+  names = np.asarray(doc_ids, dtype=object)[np.maximum(idx, 0)]  # [Q, k] doc ids
+  values = scores.astype(np.float64).tolist()  # float32 values kept exactly
   run = {}
-  for i, qid in enumerate(query_ids):
+  for i, qid in enumerate(query_ids):  # one dict per query, built by C loops
     keep = idx[i] >= 0
-    run[qid] = {doc_ids[j]: float(s) for j, s in zip(idx[i][keep], scores[i][keep])}
-  return metrics_lib.evaluate(qrels, run, list(measures)), run
+    run[qid] = (dict(zip(names[i].tolist(), values[i])) if keep.all() else
+                dict(zip(names[i][keep].tolist(), scores[i][keep].astype(np.float64).tolist())))
+  return metrics, run
 
 
 def evaluate_scorer(module: nn.Module, params: Any, q_feats: Any, d_feats: Any,

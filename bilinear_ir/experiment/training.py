@@ -77,9 +77,10 @@ def training_data(row: spec.Row, prepared: pipeline.Prepared,
   tcfg, emb = row.train, prepared.embeddings
   source = tcfg.get("source", "qrels")
   hard_depth = tcfg.hard_depth if tcfg.hard_negatives else 0
+  negatives_from = tcfg.get("negatives_from", "bm25")
   n = prepared.collection.num_docs
   if source == "qrels":
-    ts, rows = pipeline.trainset(prepared, splitset.train, hard_depth)
+    ts, rows = pipeline.trainset(prepared, splitset.train, hard_depth, negatives_from)
     return TrainingData(emb.queries[rows], emb.docs, ts, None, source, 0)
   data = pipeline.ict_set(prepared, row.encoder, tcfg.ict, max(hard_depth, 1))
   docs = np.concatenate([emb.docs, data.extra_docs])
@@ -105,7 +106,7 @@ def training_data(row: spec.Row, prepared: pipeline.Prepared,
       dev.append((data.queries[idx], dev_docs, qids, qrels))
     return TrainingData(data.queries[~is_dev], docs, ts, tuple(dev) or None, source,
                         int(np.sum(~is_dev)))
-  judged, rows = pipeline.trainset(prepared, splitset.train, hard_depth)
+  judged, rows = pipeline.trainset(prepared, splitset.train, hard_depth, negatives_from)
   pool = np.flatnonzero(~is_dev)
   take = min(len(pool), int(round(float(tcfg.ict.ratio) * len(judged.pairs))))
   keep = np.zeros(len(is_dev), bool)

@@ -20,6 +20,7 @@ from bilinear_ir import scorers
 from bilinear_ir.data import embeddings
 from bilinear_ir.data import ict
 from bilinear_ir.data import loaders
+from bilinear_ir.data import pipeline
 from bilinear_ir.data import sparse
 from bilinear_ir.errors import InputError
 from bilinear_ir.errors import input_error
@@ -104,12 +105,17 @@ def check_data(c, prefix: str = "data") -> None:
   require(isinstance(c.path, str), "must be a string", field=f"{prefix}.path")
   if c.path:
     require(os.path.exists(c.path), f"no such file or folder: {c.path!r}", field=f"{prefix}.path")
-  elif c.format != "scifact":
-    raise input_error(f"format {c.format!r} needs a path (only scifact has an embedded copy)",
+  elif c.format not in loaders.DEFAULT_PATHS:
+    raise input_error(f"format {c.format!r} needs a path (only "
+                      f"{', '.join(loaders.DEFAULT_PATHS)} read a copy of their own)",
                       file="config", field=f"{prefix}.path")
+  else:
+    loaders.DEFAULT_PATHS[c.format]()  # an installed data package missing: refused now
   for key in ("train_split", "split"):
     require(isinstance(c[key], str) and c[key] != "", "must be a split name",
             field=f"{prefix}.{key}")
+  require(isinstance(c.get("dev_split", "auto"), str), "must be a split name, \"auto\" or \"\"",
+          field=f"{prefix}.dev_split")
   real(c.dev_fraction, f"{prefix}.dev_fraction", 0.0, 0.9)
   integer(c.folds, f"{prefix}.folds", 0)
   require(c.folds != 1, "must be 0 (no folds) or >= 2", field=f"{prefix}.folds")
@@ -179,6 +185,7 @@ def check_train(c, prefix: str = "train") -> None:
   integer(c.batch_size, f("batch_size"), 1)
   integer(c.hard_negatives, f("hard_negatives"), 0)
   integer(c.hard_depth, f("hard_depth"), 1)
+  one_of(c.get("negatives_from", "bm25"), pipeline.NEGATIVE_SOURCES, f("negatives_from"))
   integer(c.random_negatives, f("random_negatives"), 0)
   integer(c.steps, f("steps"), 0)
   integer(c.epochs, f("epochs"), 0)

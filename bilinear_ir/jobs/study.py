@@ -50,12 +50,14 @@ BASELINES = ("dot", "bm25")
 
 def collection_data(config: ml_collections.ConfigDict, entry: str) -> ml_collections.ConfigDict:
   """The `data` block of one entry of `config.collections`: an embedded name (scifact, cacm,
-  med, lisa) or a BEIR folder or zip."""
+  med, lisa), an installed one (insuranceqa) or a BEIR folder or zip."""
   c = copy.deepcopy(config.data)
   if entry in loaders.EMBEDDED:
     c.format, c.path = loaders.embedded(entry)
     if entry == "scifact":
       c.path = ""
+  elif entry in loaders.INSTALLED:  # read from its installed package
+    c.format, c.path = entry, ""
   else:
     c.format, c.path = "beir", entry
   return c
@@ -78,9 +80,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
   require(isinstance(config.collections, (tuple, list)) and len(config.collections) > 0,
           "must name at least one collection", field="collections")
   for entry in config.collections:
-    if entry not in loaders.EMBEDDED:
+    if entry in loaders.INSTALLED:
+      loaders.DEFAULT_PATHS[entry]()  # its package missing: refused before any work
+    elif entry not in loaders.EMBEDDED:
       require(os.path.exists(entry), f"{entry!r} is neither an embedded collection "
-              f"({', '.join(loaders.EMBEDDED)}) nor a BEIR folder or zip", field="collections")
+              f"({', '.join(loaders.EMBEDDED)}), an installed one "
+              f"({', '.join(loaders.INSTALLED)}) nor a BEIR folder or zip", field="collections")
   validation.check_table(config)
   validation.integer(config.folds, "folds", 2)
   validation.integers(config.ranks, "ranks", low=1)

@@ -220,8 +220,8 @@ def tune_lambda(cands: Candidates, qrels: Mapping[str, Mapping[str, int]],
   table = {}
   for lam in grid:
     ids, scores = rank_candidates(cands, float(lam), normalize)
-    run = {qid: {doc_ids[d]: float(s) for d, s in zip(row_ids, row_scores) if d >= 0}
-           for qid, row_ids, row_scores in zip(query_ids, ids.tolist(), scores.tolist())}
-    table[float(lam)] = metrics.evaluate(qrels, run, [measure])["mean"][measure]
+    # The run's measure straight from the arrays (no run dict per lam; -1 ids are no doc).
+    table[float(lam)] = metrics.evaluate_topk(qrels, query_ids, doc_ids, ids, scores,
+                                              [measure])["mean"][measure]
   best = max(table, key=lambda lam: (table[lam], -lam))
   return best, table
