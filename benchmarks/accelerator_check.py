@@ -75,8 +75,9 @@ print(json.dumps(out, indent=2))
 
 
 # Seconds per step (accelerator / reduced). The accelerator limits add up to the default budget
-# (450 s): with the wheel install and start-up, the whole check ends within 8 minutes on a GPU.
-LIMITS = {"device": (40, 30), "tests_device": (90, 45), "topk": (100, 60), "mol": (60, 60),
+# (450 s) caps them: with the wheel install and start-up, the whole check ends within 8 minutes on
+# a GPU (the first H200 run needed more than 90 s for tests_device and 100 s for topk).
+LIMITS = {"device": (40, 30), "tests_device": (150, 45), "topk": (160, 60), "mol": (60, 60),
           "train": (70, 35), "stream": (30, 35), "tests_sharding": (40, 45), "fidelity": (20, 30)}
 
 

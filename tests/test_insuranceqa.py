@@ -25,8 +25,8 @@ from bilinear_ir.data import pipeline
 from bilinear_ir.defaults import data_config
 from bilinear_ir.defaults import train_config
 from bilinear_ir.errors import InputError
+from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import study
-from bilinear_ir.jobs import validation
 
 ANSWERS = {str(i): {"en": f"  Answer\tnumber  {i}.\n", "zh": "答"} for i in range(1, 11)}
 QUESTIONS = {

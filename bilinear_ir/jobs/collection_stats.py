@@ -11,7 +11,7 @@ from bilinear_ir.experiment import validation
 
 
 def validate(config) -> None:
-  """Refuses a bad config before any work (`jobs.validation`)."""
+  """Refuses a bad config before any work (`experiment.validation`)."""
   validation.check_data(config.data)
 
 

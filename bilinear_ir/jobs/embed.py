@@ -22,7 +22,7 @@ from bilinear_ir.experiment import validation
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Refuses a bad config before any work (`jobs.validation`)."""
+  """Refuses a bad config before any work (`experiment.validation`)."""
   validation.check_data(config.data)
   validation.check_encoder(config.encoder)
 

@@ -39,7 +39,7 @@ FORMATS = ("sentence-transformers", "head", "faiss")
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Refuses a bad config before any work (`jobs.validation`)."""
+  """Refuses a bad config before any work (`experiment.validation`)."""
   validation.one_of(config.format, FORMATS, "format")
   require(isinstance(config.model_dir, str) and config.model_dir != "",
           "must name a saved model folder (a train_eval WORKDIR/model)", field="model_dir")

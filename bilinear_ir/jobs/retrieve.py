@@ -95,7 +95,7 @@ def load_scorer(model_dir: str):
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Refuses a bad config before any work (`jobs.validation`)."""
+  """Refuses a bad config before any work (`experiment.validation`)."""
   validation.integer(config.k, "k", 1)
   validation.integer(config.query_batch, "query_batch", 1)
   validation.one_of(config.dtype, index_lib.DTYPES, "dtype")
