@@ -125,7 +125,8 @@ def test_cls_unnormalised_prompted_residual_export_scores_as_the_project(tmp_pat
   assert (settings["query_prompt"], settings["doc_prompt"]) == ("query: ", "passage: ")
   norms = np.linalg.norm(prepared.embeddings.docs, axis=1)
   assert np.ptp(norms) > 1e-2 * norms.mean()  # unnormalised indeed
-  c = common.row_config(config, {"scorer": "lowrank", "rank": 3, "residual": "identity"}, 0)
+  c = spec_lib.Recipe.of(config, "").row(
+      {"scorer": "lowrank", "rank": 3, "residual": "identity"}, 0)
   module = scorers.from_config(c.model, prepared.dim)
   params = perturbed_params(module, seed=1)
   q, d = prepared.embeddings.queries, prepared.embeddings.docs

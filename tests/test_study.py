@@ -149,7 +149,7 @@ def _fake_outcomes(monkeypatch):
     per_query = {q: {m: float(rng.random()) for m in c.eval.measures} for q in s.test.query_ids}
     out = {"per_query": per_query, "dev": {sel: float(rng.random())}, "best_step": 6,
            "history": [{"step": 12, sel: float(rng.random())}], "params": None,
-           "metrics": {}}
+           "metrics": {}, "module": None}
     record[key] = out
     return out
 
@@ -157,8 +157,8 @@ def _fake_outcomes(monkeypatch):
   def fake_hybrid(module, params, prepared, dev, test, cfg, measures):
     return {"per_query": {q: {m: 0.5 for m in measures} for q in test.query_ids}}, 0.5, {}
 
-  monkeypatch.setattr(study.common, "train_and_evaluate", fake_train)
-  monkeypatch.setattr(study.ranking, "evaluate_hybrid", fake_hybrid)
+  monkeypatch.setattr(study.rows_lib.training, "train_and_evaluate", fake_train)
+  monkeypatch.setattr(study.rows_lib.evaluate, "evaluate_hybrid", fake_hybrid)
   return record
 
 
@@ -204,8 +204,7 @@ def test_unseen_doc_is_judged_against_training_and_dev_queries():
                                        "q9": {"d1": 0, "d7": 1}}))
   b = pipeline.SplitSet("fold1", split("train", {"q4": {"d7": 1}}), split("dev", {}),
                         split("test", {"q1": {"d1": 1}, "q10": {"d8": 1}}))
-  # pylint: disable-next=protected-access
-  assert study._unseen([a, b]) == ["q1", "q10", "q4", "q5", "q8", "q9"]
+  assert study.rows_lib.unseen_doc_queries([a, b]) == ["q1", "q10", "q4", "q5", "q8", "q9"]
 
 
 def test_unseen_doc_queries_of_the_run_are_those_of_the_definition(study_run):
@@ -217,8 +216,8 @@ def test_unseen_doc_queries_of_the_run_are_those_of_the_definition(study_run):
     cfg = copy.deepcopy(config)
     with cfg.unlocked():
       cfg.data = data
-    # pylint: disable-next=protected-access
-    sets = study._splitsets(types.SimpleNamespace(collection=coll), cfg, int(config.folds))
+    sets = study.spec_lib.splitsets(types.SimpleNamespace(collection=coll), cfg.data, cfg.seed,
+                                    int(config.folds))
     want = []
     for s in sets:
       seen = {d for q in s.train.query_ids + s.dev.query_ids
