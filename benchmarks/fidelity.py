@@ -168,14 +168,7 @@ def numpy_trial(prepared, rows: int, triples, k: int, grid: tuple[int, ...], blo
 def jax_profile(xb, jt, grid, args, repeats: int = 3) -> dict[str, float]:
   """Seconds per trial of the JAX side's stages, each timed alone (best of `repeats`): the
   projection, its head matmul alone (the same [R, H] x [H, K] float32 product), the triples."""
-  def best(fn):
-    jax.block_until_ready(fn())
-    out = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn())
-      out.append(time.perf_counter() - t0)
-    return min(out)
+  best = lambda fn: timing.best_s(fn, repeats)
 
   project = lambda: projections.project(jax.random.key(7), xb, args.k, "rademacher", args.block,
                                         scale=False)

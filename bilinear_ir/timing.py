@@ -108,7 +108,7 @@ def known_peaks(device_kind: str | None = None) -> dict[str, float] | None:
   return None
 
 
-def _best_s(fn: Callable[[], Any], repeats: int) -> float:
+def best_s(fn: Callable[[], Any], repeats: int) -> float:
   """Fewest seconds of `repeats` calls of `fn` (each blocked on) after one warm-up call."""
   jax.block_until_ready(fn())
   out = []
@@ -130,7 +130,7 @@ def host_copy_gb_per_s(words: int = 1 << 26, repeats: int = 5,
   cuts = np.linspace(0, words, threads + 1).astype(int)
   parts = [(dst[lo:hi], src[lo:hi]) for lo, hi in zip(cuts[:-1], cuts[1:])]
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-    seconds = _best_s(lambda: list(pool.map(lambda ab: np.copyto(*ab), parts)), repeats)
+    seconds = best_s(lambda: list(pool.map(lambda ab: np.copyto(*ab), parts)), repeats)
   return 2 * 4 * words / seconds / 1e9
 
 
@@ -151,17 +151,17 @@ def measure_peaks(repeats: int = 5) -> dict[str, Any]:
   cpu = jax.devices()[0].platform == "cpu"
   words, n = (1 << 26, 2048) if cpu else (1 << 28, 8192)
   x = jax.random.uniform(jax.random.key(1), (words,), jnp.float32)  # not zeros (METHOD)
-  xla = 2 * 4 * words / _best_s(lambda: _copy(x), repeats) / 1e9
+  xla = 2 * 4 * words / best_s(lambda: _copy(x), repeats) / 1e9
   del x
   copy = {"xla_gb_per_s": round(xla, 2)}
   if cpu:
     copy["threads"] = os.cpu_count()
     copy["all_cores_gb_per_s"] = round(host_copy_gb_per_s(words, repeats), 2)
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  f32 = _best_s(lambda: _matmul(a, a), repeats)
-  default = _best_s(lambda: _matmul_default(a, a), repeats)
+  f32 = best_s(lambda: _matmul(a, a), repeats)
+  default = best_s(lambda: _matmul_default(a, a), repeats)
   b = a.astype(jnp.bfloat16)
-  bf16 = _best_s(lambda: _matmul(b, b), repeats)
+  bf16 = best_s(lambda: _matmul(b, b), repeats)
   return {"gb_per_s": max(xla, copy.get("all_cores_gb_per_s", 0.0)),
           "f32_gflops": 2 * n ** 3 / f32 / 1e9, "bf16_gflops": 2 * n ** 3 / bf16 / 1e9,
           "default_gflops": 2 * n ** 3 / default / 1e9, "source": "measured", "copy": copy}
