@@ -25,8 +25,8 @@ from bilinear_ir.data import pipeline
 from bilinear_ir.defaults import data_config
 from bilinear_ir.defaults import train_config
 from bilinear_ir.errors import InputError
+from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
-from bilinear_ir.jobs import study
 
 ANSWERS = {str(i): {"en": f"  Answer\tnumber  {i}.\n", "zh": "答"} for i in range(1, 11)}
 QUESTIONS = {
@@ -290,7 +290,7 @@ def test_main_exits_2_when_the_package_is_missing(tmp_path, repo_root):
 
 def test_study_names_insuranceqa():
   assert "insuranceqa" in loaders.INSTALLED
-  c = study.collection_data(type("C", (), {"data": data_config()})(), "insuranceqa")
+  c = spec_lib.collection_block(data_config(), "insuranceqa")
   assert (c.format, c.path) == ("insuranceqa", "")
 
 

@@ -16,6 +16,7 @@ from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import metrics
 from bilinear_ir.eval import stats
+from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.jobs import study
 from conftest import write_beir
 
@@ -63,7 +64,7 @@ def test_rows_cover_every_model_and_every_query_once(study_run):
 
 def test_dot_and_bm25_rows_equal_a_direct_evaluation(study_run):
   config, res = study_run
-  c = study.collection_data(config, config.collections[1])
+  c = spec_lib.collection_block(config.data, config.collections[1])
   cfg = defaults.encoder_config()
   cfg.max_length, cfg.cache_dir = 32, config.encoder.cache_dir
   coll = loaders.load(c)
@@ -211,7 +212,7 @@ def test_unseen_doc_queries_of_the_run_are_those_of_the_definition(study_run):
   # The study's unseen-doc ids, recomputed from the collections' qrels and split sets.
   config, res = study_run
   for entry in config.collections:
-    data = study.collection_data(config, entry)
+    data = spec_lib.collection_block(config.data, entry)
     coll = loaders.load(data)
     cfg = copy.deepcopy(config)
     with cfg.unlocked():

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Mapping
 import ml_collections
 
 from bilinear_ir import defaults
+from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 
 # Keys of a row spec that are not model options: the row's name and its training source.
@@ -99,6 +100,17 @@ def _changed(block: ml_collections.ConfigDict, changes: Mapping[str, Any]
     for key, value in changes.items():
       c[key] = value
   return c
+
+
+def collection_block(data: ml_collections.ConfigDict, entry: str) -> ml_collections.ConfigDict:
+  """A copy of the `data` block reading collection `entry`: an embedded name (scifact, cacm,
+  med, lisa), an installed one (insuranceqa) or a BEIR folder or zip."""
+  if entry in loaders.EMBEDDED:
+    fmt, path = loaders.embedded(entry)
+    return _changed(data, {"format": fmt, "path": "" if entry == "scifact" else path})
+  if entry in loaders.INSTALLED:  # read from its installed package
+    return _changed(data, {"format": entry, "path": ""})
+  return _changed(data, {"format": "beir", "path": entry})
 
 
 def splitsets(prepared: pipeline.Prepared, data: ml_collections.ConfigDict, seed: int,

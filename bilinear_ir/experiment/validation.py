@@ -99,6 +99,19 @@ def embedding_names(names: Any, field: str = "embeddings") -> None:
               f"{spec['path']!r}", field=field)
 
 
+def check_collection(entry: Any, field: str = "collection") -> None:
+  """A collection entry (`experiment.spec.collection_block`): an embedded name, an installed
+  one (its package present, else the pip line) or an existing BEIR folder or zip."""
+  require(isinstance(entry, str) and entry, f"must name a collection, got {entry!r}",
+          field=field)
+  if entry in loaders.INSTALLED:
+    loaders.DEFAULT_PATHS[entry]()  # its package missing: refused before any work
+  elif entry not in loaders.EMBEDDED:
+    require(os.path.exists(entry), f"{entry!r} is neither an embedded collection "
+            f"({', '.join(loaders.EMBEDDED)}), an installed one "
+            f"({', '.join(loaders.INSTALLED)}) nor a BEIR folder or zip", field=field)
+
+
 def check_data(c, prefix: str = "data") -> None:
   """The `data` block: format, an existing path, splits, dev fraction, folds."""
   one_of(c.format, loaders.FORMATS, f"{prefix}.format")

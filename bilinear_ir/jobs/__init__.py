@@ -16,7 +16,7 @@ from bilinear_ir.errors import input_error
 
 NAMES = ("train_eval", "reproduce_table", "lowrank_analysis", "mol", "late_interaction",
          "retrieve", "fidelity_bm25", "synthetic_agreement", "collection_stats", "embed",
-         "study", "export")
+         "study", "export", "learning_curve")
 
 
 def get(name: str) -> ModuleType:

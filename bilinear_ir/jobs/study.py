@@ -27,15 +27,12 @@ their differences are tested per collection and pooled over collections.
 """
 from __future__ import annotations
 
-import copy
-import os
 from typing import Any
 
 import ml_collections
 import numpy as np
 
 from bilinear_ir import progress
-from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
@@ -46,21 +43,6 @@ from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
 
 BASELINES = ("dot", "bm25")
-
-
-def collection_data(config: ml_collections.ConfigDict, entry: str) -> ml_collections.ConfigDict:
-  """The `data` block of one entry of `config.collections`: an embedded name (scifact, cacm,
-  med, lisa), an installed one (insuranceqa) or a BEIR folder or zip."""
-  c = copy.deepcopy(config.data)
-  if entry in loaders.EMBEDDED:
-    c.format, c.path = loaders.embedded(entry)
-    if entry == "scifact":
-      c.path = ""
-  elif entry in loaders.INSTALLED:  # read from its installed package
-    c.format, c.path = entry, ""
-  else:
-    c.format, c.path = "beir", entry
-  return c
 
 
 def model_specs(config) -> list[dict[str, Any]]:
@@ -80,12 +62,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   require(isinstance(config.collections, (tuple, list)) and len(config.collections) > 0,
           "must name at least one collection", field="collections")
   for entry in config.collections:
-    if entry in loaders.INSTALLED:
-      loaders.DEFAULT_PATHS[entry]()  # its package missing: refused before any work
-    elif entry not in loaders.EMBEDDED:
-      require(os.path.exists(entry), f"{entry!r} is neither an embedded collection "
-              f"({', '.join(loaders.EMBEDDED)}), an installed one "
-              f"({', '.join(loaders.INSTALLED)}) nor a BEIR folder or zip", field="collections")
+    validation.check_collection(entry, "collections")
   validation.check_table(config)
   validation.integer(config.folds, "folds", 2)
   validation.integers(config.ranks, "ranks", low=1)
@@ -110,7 +87,7 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
   ict_specs = [sp for sp in specs if sp["name"] in config.ict_rows]
   rows, unseen = [], None
   for recipe, prepared, splitsets in spec_lib.embeddings_of(
-      config, collection_data(config, entry), int(config.folds)):
+      config, spec_lib.collection_block(config.data, entry), int(config.folds)):
     coll = prepared.collection
     if unseen is None:
       unseen = rows_lib.unseen_doc_queries(splitsets)

@@ -1,0 +1,59 @@
+r"""learning_curve: how many judged queries does a learned similarity need to beat the dot product?
+
+  python -m bilinear_ir.main --config=configs/learning_curve.py --workdir=runs/curve
+  python -m bilinear_ir.main --config=configs/learning_curve.py:collection=scifact,\
+embeddings=mean,seeds=0,sizes=100+300+809 --workdir=runs/curve_scifact
+
+Trains every model on nested subsets of the training queries (n = `sizes`; each larger subset
+holds the smaller ones, drawn by seed), selects on the collection's dev split (InsuranceQA's
+official dev questions; a dev part carved out of train where there is none, before subsetting)
+and evaluates on every test query over the full corpus. Per n: paired tests against dot on all
+test queries and on the unseen-answer ones (no gold answer judged for a training query of the
+subset), Holm over the curve.
+
+Args (after `:`, comma separated; lists joined by `+`): collection (insuranceqa: the package
+insuranceqa-data 1.2, the `iqa` extra; scifact; or a BEIR folder or zip with a train split),
+embeddings (mean, cls, mpnet-mean, ... or precomputed:DIR), seeds, sizes (a size larger than
+the training split means all of it), models (wdp, lowrank, bilinear, mol; "learned", the
+dev-selected one, is always added), ranks (of the residual I + P Q^T rows), max_steps, quick
+(bool: one seed, sizes 100+1000, mean only, wdp + lowrank r = 32: a smoke run).
+"""
+from ml_collections import ConfigDict
+
+from bilinear_ir import defaults
+
+
+def get_config(arg=None):
+  a = defaults.parse_args(arg, {"collection": "insuranceqa",
+                                "embeddings": ("mean", "cls", "mpnet-mean"), "seeds": (0, 1, 2),
+                                "sizes": (100, 300, 1000, 3000, 12889),
+                                "models": ("wdp", "lowrank", "bilinear", "mol"),
+                                "ranks": (32, 128), "max_steps": 2000, "quick": False})
+  quick = a["quick"]
+  c = ConfigDict()
+  c.job = "learning_curve"
+  c.seed = 0                       # the dev carve-out where there is no dev split; statistics
+  c.collection = a["collection"]
+  c.embeddings = a["embeddings"] if not quick else ("mean",)
+  c.seeds = a["seeds"] if not quick else (0,)   # each seed: its own subset order and init
+  c.sizes = a["sizes"] if not quick else (100, 1000)
+  c.models = a["models"] if not quick else ("wdp", "lowrank")
+  c.ranks = a["ranks"] if not quick else (32,)
+  # data, encoder, bm25, model, train, hybrid, eval, stats: the bilinear table's recipe.
+  defaults.table_recipe(c)
+  # Training length per subset: the recipe's `train.epochs` over the subset's judged pairs, at
+  # most `max_steps` steps, with `evals` dev evaluations spread over the run (step 0, the
+  # untrained model, is one of them: selection can keep it).
+  c.max_steps = a["max_steps"]
+  c.evals = 20
+  # InsuranceQA lists 200 negatives per question (a search engine's): the hard negative comes
+  # from them there; BM25 elsewhere.
+  if c.collection == "insuranceqa":
+    c.train.negatives_from = "dataset"
+  # The MoL rows: configs/mol.py's model (P = 4, d_P = 64, L_MI 0.001) and its training changes.
+  c.mol = ConfigDict({"scorer": "mol", "p_q": 4, "p_x": 4, "d_p": 64, "hidden": 256,
+                      "gate_hidden": 32, "temperature": 1.0, "mi_weight": 0.001,
+                      "inputs": "vector"})
+  c.mol_train = ConfigDict({"auto_temperature": False, "temperature": 0.05})
+  c.distributed = False
+  return c
