@@ -3,6 +3,8 @@
 Two modes, and results say which: "full" ranks the whole corpus (`retrieval.ranking.score_topk`);
 "rerank" re-scores given candidates per query (`retrieval.ranking.rerank`, e.g. BM25's top 1,000,
 as the bilinear paper's public code does). A hybrid's lam is always chosen on dev (`tune_on_dev`).
+Where a collection lists each query's own candidates (InsuranceQA's negatives), `pool_p_at_1` is
+the answer-selection view: P@1 over the query's gold answers plus its listed negatives.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
 from bilinear_ir.eval import metrics as metrics_lib
 from bilinear_ir.retrieval import hybrid
@@ -119,3 +122,70 @@ def tune_on_dev(dev_cands: hybrid.Candidates, dev, cands: Sequence[hybrid.Candid
   lam, _ = hybrid.tune_lambda(dev_cands, dev.qrels, dev.query_ids, doc_ids, cfg.measure,
                               tuple(cfg.grid), cfg.normalize)
   return lam, [hybrid.rank_candidates(c, lam, cfg.normalize) for c in cands]
+
+
+def candidate_pools(prepared, split) -> np.ndarray | None:
+  """Each query's own candidate pool: its relevant docs and the non-relevant docs the collection
+  lists for it (`Collection.negatives`), as doc rows.
+
+  Args:
+    prepared: `data.pipeline.Prepared`.
+    split: the evaluated `data.pipeline.Split`.
+
+  Returns:
+    [Q_s, M] int64 doc rows, ascending per query, -1 padding (a doc listed twice or both
+    relevant and listed counts once); None when the collection lists no negatives for some
+    query of `split` (no answer-selection view).
+  """
+  coll = prepared.collection
+  if not split.query_ids or any(q not in coll.negatives for q in split.query_ids):
+    return None
+  listed = pipeline.listed_negatives(coll, split.query_ids)
+  index = coll.doc_index()
+  pools = [np.union1d(listed[i][listed[i] >= 0],
+                      [index[d] for d, rel in split.qrels[q].items() if rel > 0])
+           for i, q in enumerate(split.query_ids)]
+  out = np.full((len(pools), max(len(p) for p in pools)), -1, np.int64)
+  for i, p in enumerate(pools):
+    out[i, :len(p)] = p
+  return out
+
+
+def pool_p_at_1(prepared, split, pools: np.ndarray, lam: float, normalize: str = "minmax",
+                module: nn.Module | None = None, params: Any = None) -> dict[str, Any]:
+  """P@1 over each query's own pool (`candidate_pools`): the answer-selection view.
+
+  The pool is ranked by `lam * dense + (1 - lam) * BM25` over its normalised scores
+  (`retrieval.hybrid.rank_candidates`, ties to the lower doc row): lam = 1 is the dense scorer
+  alone (its ranking; `normalize` is monotone), lam = 0 BM25 alone.
+
+  Args:
+    prepared: `data.pipeline.Prepared` (embeddings, BM25 model).
+    split: the evaluated `data.pipeline.Split` (its query ids and qrels).
+    pools: [Q_s, M] doc rows per query of `split`, -1 padding.
+    lam: weight of the dense scorer, in [0, 1].
+    normalize: `hybrid.normalize` (used when 0 < lam < 1).
+    module, params: the dense scorer (needed when lam > 0).
+
+  Returns:
+    {"mean": float, "per_query": {qid: 1.0 if the top doc is relevant else 0.0}}.
+  """
+  pools = np.asarray(pools)
+  valid = pools >= 0
+  q_idx, pos = np.nonzero(valid)
+  rows = prepared.query_row_index(split.query_ids)
+  dense, sparse = np.zeros(pools.shape), np.zeros(pools.shape)
+  if lam > 0:
+    require(module is not None, "a dense weight needs the dense scorer", field="lam")
+    emb = prepared.embeddings
+    pair = jax.jit(lambda q, d: module.apply({"params": params}, q, d,
+                                             method=module.score_pairs))
+    dense[q_idx, pos] = np.asarray(pair(emb.queries[rows[q_idx]], emb.docs[pools[q_idx, pos]]))
+  if lam < 1:
+    sparse[q_idx, pos] = prepared.bm25_pair_scores(rows[q_idx], pools[q_idx, pos])
+  top, _ = hybrid.rank_candidates(hybrid.Candidates(pools, dense, sparse), lam,
+                                  normalize if 0 < lam < 1 else "minmax", k=1)
+  doc_ids = prepared.collection.doc_ids
+  per_query = {q: float(top[i, 0] >= 0 and split.qrels[q].get(doc_ids[top[i, 0]], 0) > 0)
+               for i, q in enumerate(split.query_ids)}
+  return {"mean": float(np.mean(list(per_query.values()))), "per_query": per_query}
