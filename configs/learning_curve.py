@@ -45,7 +45,7 @@ def get_config(arg=None):
   # most `max_steps` steps, with `evals` dev evaluations spread over the run (step 0, the
   # untrained model, is one of them: selection can keep it).
   c.max_steps = a["max_steps"]
-  c.evals = 20
+  c.evals = 10
   # InsuranceQA lists 200 negatives per question (a search engine's): the hard negative comes
   # from them there; BM25 elsewhere.
   if c.collection == "insuranceqa":

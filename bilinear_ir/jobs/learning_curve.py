@@ -10,6 +10,7 @@ Holm-adjusted over the n of the curve (one family per embedding, model and view)
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -100,9 +101,11 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
         pairs = curve.positive_pairs(cut.train)
         candidates = [("dot", dot)]
         for s in specs:
+          started = time.perf_counter()
           out = training.train_and_evaluate(
               recipe.row(s, seed, schedule(config, recipe.train, pairs, s["scorer"] == "mol")),
               prepared, cut, progress=False)
+          out["seconds"] = time.perf_counter() - started
           outs[s["name"]].append(out)
           candidates.append((s["name"], out))
           bar.update(1)
@@ -140,7 +143,8 @@ def _row(base: dict[str, Any], model: str, n: int, outs: list[dict[str, Any]], m
           "metrics": rows_lib.query_means([o["per_query"] for o in outs], measures),
           "per_query": rows_lib.seed_mean([o["per_query"] for o in outs], measures[0]),
           "dev": {sel: rows_lib.dev_mean(outs, sel)},
-          "best_steps": [int(o["best_step"]) for o in outs]}
+          "best_steps": [int(o["best_step"]) for o in outs],
+          "seconds": round(sum(o.get("seconds", 0.0) for o in outs), 1)}
 
 
 def _compare(rows: list[dict[str, Any]], unseen: dict[int, list[str]], config) -> None:
