@@ -371,6 +371,20 @@ def eval_config() -> ml_collections.ConfigDict:
   return c
 
 
+def mol_row() -> ml_collections.ConfigDict:
+  """The MoL row of a table (configs/mol.py's model): the `model` options of a Mixture-of-Logits
+  over frozen pooled embeddings, P_q = P_x = 4 components of width d_P = 64, L_MI at 0.001."""
+  return ml_collections.ConfigDict({"scorer": "mol", "p_q": 4, "p_x": 4, "d_p": 64,
+                                    "hidden": 256, "gate_hidden": 32, "temperature": 1.0,
+                                    "mi_weight": 0.001, "inputs": "vector"})
+
+
+def mol_train() -> ml_collections.ConfigDict:
+  """Changes to `train` for a MoL row (configs/mol.py's `mol_train` minus its epochs): a fixed
+  softmax temperature, since MoL's logits are cosines whatever the embedding's scale."""
+  return ml_collections.ConfigDict({"auto_temperature": False, "temperature": 0.05})
+
+
 def hybrid_config() -> ml_collections.ConfigDict:
   """The sparse-dense hybrid `lam * dense + (1 - lam) * BM25` (bilinear_ir.retrieval.hybrid).
 

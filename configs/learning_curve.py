@@ -51,9 +51,7 @@ def get_config(arg=None):
   if c.collection == "insuranceqa":
     c.train.negatives_from = "dataset"
   # The MoL rows: configs/mol.py's model (P = 4, d_P = 64, L_MI 0.001) and its training changes.
-  c.mol = ConfigDict({"scorer": "mol", "p_q": 4, "p_x": 4, "d_p": 64, "hidden": 256,
-                      "gate_hidden": 32, "temperature": 1.0, "mi_weight": 0.001,
-                      "inputs": "vector"})
-  c.mol_train = ConfigDict({"auto_temperature": False, "temperature": 0.05})
+  c.mol = defaults.mol_row()
+  c.mol_train = defaults.mol_train()
   c.distributed = False
   return c

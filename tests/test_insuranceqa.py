@@ -480,3 +480,66 @@ def test_dataset_negatives_never_draw_a_gold_answer():
         assert picked <= listed_rows[int(q)]
         drawn[int(q)] |= picked
   assert drawn == listed_rows  # every listed non-gold answer is reachable
+
+
+# ---------------------------------------------------------------------------------------------
+# The InsuranceQA table: reproduce_table with collection=insuranceqa on a fake package tree.
+
+
+def _random_tree(folder, seed: int = 0) -> str:
+  """A fake package tree large enough to train on: 60 answers; 24 / 6 / 8 train / dev / test
+  questions with 1-2 gold answers and 6 listed negatives each."""
+  rng = np.random.default_rng(seed)
+  words = "term life auto renters policy claim premium annuity cover pay cash value".split()
+  answers = {str(i): {"en": " ".join(rng.choice(words, size=12)), "zh": "答"}
+             for i in range(1, 61)}
+
+  def questions(n):
+    out = {}
+    for i in range(n):
+      picked = [str(a) for a in rng.choice(np.arange(1, 61), size=8, replace=False)]
+      gold = int(rng.integers(1, 3))
+      out[str(i)] = {"en": " ".join(rng.choice(words, size=5)), "zh": "问", "domain": "life",
+                     "answers": picked[:gold], "negatives": picked[gold:gold + 6]}
+    return out
+  return _fake(folder, answers, {"train": questions(24), "valid": questions(6),
+                                 "test": questions(8)})
+
+
+def test_insuranceqa_table_adds_pool_p_at_1(tmp_path, monkeypatch):
+  from bilinear_ir.experiment import evaluate  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.experiment import rows as rows_lib  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.jobs import reproduce_table  # pylint: disable=g-import-not-at-top
+  _patch_find_spec(monkeypatch, _spec_at(_random_tree(tmp_path / insuranceqa.PACKAGE)))
+  spec = importlib.util.spec_from_file_location(
+      "table_cfg", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "configs", "reproduce_table.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config("collection=insuranceqa,seeds=0,ranks=4,embeddings=mean,max_steps=6")
+  assert c.mol and c.train.negatives_from == "dataset" and c.residuals == ("identity",)
+  c.train.batch_size = 8
+  c.encoder.max_length, c.encoder.cache_dir = 32, str(tmp_path / "cache")
+  c.stats.resamples, c.hybrid.depth = 200, 10
+  reproduce_table.validate(c)
+  res = reproduce_table.run(c, str(tmp_path / "w")).results
+  names = [r["scorer"] for r in res["rows"]]
+  assert names == ["dot", "bm25", "wdp", "lowrank", "bilinear", "mol", "hybrid"]
+  assert res["test_queries"] == 8 and "p_at_1_pool" in res
+  for r in res["rows"]:
+    assert 0.0 <= r["metrics"]["p_at_1_pool"] <= 1.0
+  # The dot row's pool P@1 is its own ranking of each test question's pool.
+  from bilinear_ir.experiment import spec as spec_lib2  # pylint: disable=g-import-not-at-top
+  recipe, prepared, (splitset, *_) = next(spec_lib2.embeddings_of(
+      c, spec_lib2.collection_block(c.data, "insuranceqa")))
+  pools = evaluate.candidate_pools(prepared, splitset.test)
+  emb = prepared.embeddings
+  rows = prepared.query_row_index(splitset.test.query_ids)
+  hits = []
+  for i, q in enumerate(splitset.test.query_ids):
+    docs = pools[i][pools[i] >= 0]
+    s = emb.docs[docs] @ emb.queries[rows[i]]
+    best = docs[np.flatnonzero(s == s.max())[0]]
+    hits.append(splitset.test.qrels[q].get(prepared.collection.doc_ids[best], 0) > 0)
+  assert res["rows"][0]["metrics"]["p_at_1_pool"] == pytest.approx(np.mean(hits))
+  assert rows_lib.pool_p_at_1(prepared, splitset.test, None, [], "minmax") == {}

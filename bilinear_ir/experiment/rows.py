@@ -146,3 +146,19 @@ def hybrid(out: dict[str, Any], prepared: pipeline.Prepared, splitset: pipeline.
   `splitset.dev` (`evaluate.evaluate_hybrid`): (test metrics, lam, test run)."""
   return evaluate.evaluate_hybrid(out["module"], out["params"], prepared, splitset.dev,
                                   splitset.test, cfg, measures)
+
+
+def pool_p_at_1(prepared: pipeline.Prepared, split: pipeline.Split, pools: np.ndarray | None,
+                runs: Sequence[tuple[float, Any, Any]], normalize: str) -> dict[str, float]:
+  """{"p_at_1_pool": mean over queries of the seed-mean P@1 over each query's own pool}
+  (`evaluate.pool_p_at_1`), or {} without pools (`evaluate.candidate_pools` None).
+
+  Args:
+    runs: one (lam, module, params) per seed: lam 1 a dense row, 0 BM25, else the hybrid.
+  """
+  if pools is None:
+    return {}
+  per_query = [evaluate.pool_p_at_1(prepared, split, pools, lam, normalize, module,
+                                    params)["per_query"] for lam, module, params in runs]
+  return {"p_at_1_pool": float(np.mean([np.mean([p[q] for p in per_query])
+                                        for q in split.query_ids]))}

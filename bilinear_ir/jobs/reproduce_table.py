@@ -17,6 +17,7 @@ from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
 from bilinear_ir.eval import trec
 from bilinear_ir.experiment import compare
+from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
@@ -35,6 +36,8 @@ def model_grid(config) -> list[dict[str, Any]]:
     for r in config.ranks:
       grid.append({"scorer": "lowrank", "rank": int(r), "residual": residual})
   grid.append({"scorer": "bilinear", "rank": None, "residual": None})
+  if config.mol:
+    grid.append({**dict(config.mol_row), "rank": None, "residual": None})
   grid = [{**spec, "source": "qrels"} for spec in grid]
   for source in config.sources:
     grid += [{**spec, "source": source} for spec in grid[:len(grid)]
@@ -59,11 +62,15 @@ def _label(spec: dict[str, Any]) -> str:
   if spec["scorer"] == "lowrank":
     name = f"lowrank r={spec['rank']}" + ("" if spec["residual"] == "none" else
                                          f" ({spec['residual']} + PQ^T)")
+  elif spec["scorer"] == "mol":
+    name = f"MoL (P = {spec['p_q']})"
   return name + SOURCE_LABELS[spec.get("source", "qrels")]
 
 
 def validate(config) -> None:
   """Refuses a bad config before any work (`experiment.validation`)."""
+  if config.collection:
+    validation.check_collection(config.collection)
   validation.check_table(config)
   validation.integers(config.ranks, "ranks", low=1)
   for residual in config.residuals:
@@ -78,6 +85,8 @@ def validate(config) -> None:
             "encoder.kind 'flax'", field="sources")
   for s in model_grid(config):
     validation.check_model(spec_lib.model_block(config.model, s))
+  validation.check_train(spec_lib.Recipe.of(config, "").row(
+      {"scorer": "mol"}, 0, config.mol_train).train, "mol_train")
 
 
 def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
@@ -88,20 +97,29 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   rows, per_query, models, unseen_counts = [], [], {}, {}
   bar = progress.bar(len(config.embeddings) * len(grid) * len(config.seeds), "models",
                      unit="model")
-  for recipe, prepared, (splitset, *_) in spec_lib.embeddings_of(config):
+  data = (spec_lib.collection_block(config.data, config.collection) if config.collection
+          else config.data)
+  for recipe, prepared, (splitset, *_) in spec_lib.embeddings_of(config, data):
     emb_name, test = recipe.name, splitset.test
     base = {"embedding": emb_name, "mode": config.eval.mode, "rank": None, "residual": None}
     unseen = rows_lib.unseen_doc_queries([splitset])
     unseen_counts[emb_name] = len(unseen)
     dot, bm25, bm25_run = rows_lib.baselines(recipe, prepared, [splitset], measures)
-    for row, out in zip(rows_lib.baseline_rows(dot, bm25, unseen, measures), (dot, bm25)):
+    pools = evaluate.candidate_pools(prepared, test)  # None: no answer-selection view
+    pool = lambda runs: rows_lib.pool_p_at_1(prepared, test, pools, runs,  # noqa: E731
+                                             config.hybrid.normalize)
+    for row, out, runs in zip(rows_lib.baseline_rows(dot, bm25, unseen, measures), (dot, bm25),
+                              ([(1.0, dot["module"], dot["params"])], [(0.0, None, None)])):
+      row["metrics"] = {**row["metrics"], **pool(runs)}
       rows.append({**base, **row})
       per_query.append(rows_lib.seed_mean([out["per_query"]], m0))
     trained = []
     for s in grid:
       outs = rows_lib.seed_runs(recipe, s, config.seeds, prepared, splitset,
+                                train=config.mol_train if s["scorer"] == "mol" else None,
                                 each=lambda *_: bar.update(1))
       row = {**base, **s, **rows_lib.summary(outs, measures, sel, unseen)}
+      row["metrics"].update(pool([(1.0, o["module"], o["params"]) for o in outs]))
       rows.append(row)
       per_query.append(rows_lib.seed_mean([o["per_query"] for o in outs], m0))
       for seed, o in zip(config.seeds, outs):
@@ -117,6 +135,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
                                               lambda t: t[2])
     hyb = [rows_lib.hybrid(o, prepared, splitset, config.hybrid, measures) for o in best_outs]
     mean, std = rows_lib.aggregate([h[0]["mean"] for h in hyb], measures)
+    mean.update(pool([(h[1], o["module"], o["params"]) for h, o in zip(hyb, best_outs)]))
     rows.append({**base, "scorer": "hybrid", "rank": best["rank"], "residual": best["residual"],
                  "dense": _label(best), "lambda": [h[1] for h in hyb], "metrics": mean,
                  "std": std, "seeds": len(hyb),
@@ -130,6 +149,10 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
              "paired": f"{m0} per query (mean over seeds) against dot and against BM25: "
                        "randomization test, Holm-adjusted over each family (eval.stats)",
              "unseen_doc_queries": unseen_counts}
+  if "p_at_1_pool" in rows[0]["metrics"]:
+    results["p_at_1_pool"] = ("the answer-selection view: P@1 over each test question's own "
+                              "pool (its gold answers and the negatives the collection lists "
+                              "for it), mean over seeds")
   return report.Report(results=results, markdown=markdown(rows, config, unseen_counts),
                        figures={"metric_vs_rank": plot(rows, config)},
                        extra_files={"run_bm25.trec": trec.run_to_text(bm25_run, "bm25")},
@@ -159,6 +182,8 @@ def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int]) 
       for m in measures:
         cells.append(f"{r['metrics'][m]:.4f}" + (f" ± {r['std'][m]:.4f}" if r["seeds"] > 1
                                                   else ""))
+      if "p_at_1_pool" in r["metrics"]:
+        cells.append(f"{r['metrics']['p_at_1_pool']:.4f}")
       cells.append(f"{r['unseen_docs'][m0]:.4f}")
       cells += [report.fmt_paired(r.get("vs_dot"), config.stats.alpha, ci=False),
                 report.fmt_paired(r.get("vs_bm25"), config.stats.alpha, ci=False)]
@@ -167,7 +192,8 @@ def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int]) 
     what = defaults.describe_embedding(emb, config.encoder.model)
     out.append(f"\n## {emb}: {what} ({n} seed{'s' * (n > 1)})\n\n")
     out.append(report.markdown_table(
-        table, ["model"] + measures + [f"{m0} unseen docs ({unseen_counts[emb]} q)",
+        table, ["model"] + measures + ["P@1 own pool"] * ("p_at_1_pool" in rows[0]["metrics"])
+        + [f"{m0} unseen docs ({unseen_counts[emb]} q)",
                                        f"{m0} vs dot", f"{m0} vs BM25"]))
   out.append("\n" + report.prose(JOB, "units", seeds=len(config.seeds), m0=m0,
                                  alpha=config.stats.alpha))
