@@ -65,6 +65,7 @@ def _config(folder, cache):
   c.evals = 3
   c.encoder.max_length, c.encoder.cache_dir = 32, str(cache)
   c.stats.resamples = 500
+  c.hybrid.depth = 10
   return c
 
 
@@ -93,7 +94,13 @@ def test_rows_cover_every_model_and_size(curve_run):
       assert r["metrics"]["ndcg@10"] == pytest.approx(np.mean(list(r["per_query"].values())))
       assert set(r["vs_dot"] if r["model"] != "dot" else {}) <= {
           "diff", "ci95", "p_perm", "p_t", "effect_size", "n", "p_holm"}
-  assert set(res) >= {"rows", "unseen_queries", "crossover"}
+  assert set(res) >= {"rows", "unseen_queries", "crossover", "hybrid_dot_bm25"}
+  h = res["hybrid_dot_bm25"]["mean"]
+  learned = [r for r in res["rows"] if r["model"] == "learned"][-1]
+  assert h["learned_vs_hybrid"]["n_train"] == 20
+  assert h["learned_vs_hybrid"]["diff"] == pytest.approx(np.mean(
+      [learned["per_query"][q] - h["per_query"][q] for q in h["per_query"]]))
+  assert 0.0 <= h["lambda"] <= 1.0 and len(h["per_query"]) == 20
   assert set(res["crossover"]) == {"mean"}
 
 

@@ -5,7 +5,9 @@ For each embedding, every model is trained on nested subsets of the training que
 and evaluated on every test query over the full corpus. "learned" is, per seed, the candidate
 best on dev among dot and the trained models. Per n and model: paired tests against dot over all
 test queries and over the unseen-answer ones (`experiment.curve.unseen_answer_queries`), each
-Holm-adjusted over the n of the curve (one family per embedding, model and view).
+Holm-adjusted over the n of the curve (one family per embedding, model and view). Beside the
+curve, per embedding, the hybrid of dot with BM25 (lam chosen on dev) and the learned similarity
+at the largest n compared with it on every test query.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def schedule(config, train, pairs: int, mol: bool) -> dict[str, Any]:
 def validate(config) -> None:
   """Refuses a bad config before any work (`experiment.validation`)."""
   validation.check_collection(config.collection)
-  validation.check_table(config, hybrid_block=False)
+  validation.check_table(config)
   validation.integers(config.sizes, "sizes", low=1)
   validation.integers(config.ranks, "ranks", low=1)
   validation.integer(config.max_steps, "max_steps", 1)
@@ -77,7 +79,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   measures = list(config.eval.measures)
   m0, sel = measures[0], config.train.select_metric
   specs = model_specs(config)
-  rows, unseen_queries, collection = [], {}, None
+  rows, unseen_queries, collection, hybrids = [], {}, None, {}
   for recipe, prepared, (splitset, *_) in spec_lib.embeddings_of(
       config, spec_lib.collection_block(config.data, config.collection)):
     collection = prepared.collection.name
@@ -91,6 +93,9 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     dot = training.train_and_evaluate(recipe.row({"scorer": "dot"}, recipe.seed), prepared,
                                       splitset, progress=False)
     base = {"collection": collection, "embedding": recipe.name}
+    hyb, lam, _ = rows_lib.hybrid(dot, prepared, splitset, config.hybrid, measures)
+    hybrids[recipe.name] = {"metrics": hyb["mean"], "lambda": lam,
+                            "per_query": {q: v[m0] for q, v in hyb["per_query"].items()}}
     for n in sizes:
       unseen_queries[n] = curve.unseen_answer_queries(
           train, [subsets[s][n] for s in config.seeds], splitset.test)
@@ -120,13 +125,19 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
           f"{r['model']} {r['metrics'][m0]:.4f}" for r in rows[-len(outs):]))
     bar.close()
   _compare(rows, unseen_queries, config)
+  for emb, h in hybrids.items():  # the learned similarity at the largest n against the hybrid
+    top = [r for r in rows if r["embedding"] == emb and r["model"] == "learned"][-1]
+    h["learned_vs_hybrid"] = {"n_train": top["n_train"], **stats.paired(
+        top["per_query"], h["per_query"], seed=config.seed, resamples=config.stats.resamples,
+        bootstrap=config.stats.resamples, alpha=config.stats.alpha)}
   crossover = {}
   for emb in config.embeddings:
     gains = [r["n_train"] for r in rows if r["embedding"] == emb and r["model"] == "learned"
              and stats.mark(r["unseen"]["vs_dot"], config.stats.alpha) == stats.GAIN]
     crossover[emb] = min(gains) if gains else None
   results = {"rows": rows, "unseen_queries": {str(n): q for n, q in unseen_queries.items()},
-             "crossover": crossover, "collection": collection, "measure": m0,
+             "crossover": crossover, "hybrid_dot_bm25": hybrids, "collection": collection,
+             "measure": m0,
              "seeds": list(config.seeds), "sizes": sorted(unseen_queries),
              "holm": "over the n of the curve: one family per embedding, model and view (all "
                      "test queries; unseen-answer queries)",
@@ -200,6 +211,10 @@ def markdown(results: dict[str, Any], config) -> str:
     learned = [r for r in mine if r["model"] == "learned"]
     out.append("Chosen on dev (`learned`, per seed): " + "; ".join(
         f"n={r['n_train']}: {'+'.join(r['chosen'])}" for r in learned) + ".\n")
+  for emb, h in results["hybrid_dot_bm25"].items():
+    out.append(report.prose(JOB, "hybrid", emb=emb, m0=m0, value=h["metrics"][m0],
+                            lam=h["lambda"], n=h["learned_vs_hybrid"]["n_train"],
+                            versus=report.fmt_paired(h["learned_vs_hybrid"], alpha)))
   out.append("\n" + report.prose(JOB, "crossover", m0=m0, crossover="; ".join(
       f"{e}: {'n = ' + str(n) if n is not None else 'none'}"
       for e, n in results["crossover"].items())))
