@@ -37,7 +37,8 @@ counts and the chunk grid):
 profile       a `jax.profiler` trace of 3 calls of the default q1000 scan, summarised: per device
               line (GPU streams / XLA ops; on a CPU the host threads), the ops or kernels with the
               most time, their share, and the share of matmul-like names (gemm, cublas, cutlass,
-              dot, ...). `time_split` gives the same split from the timed parts (matmul vs the rest).
+              dot, ...). `time_split` gives the same split from the timed parts (matmul vs the
+              rest).
 mol           MoL at `benchmarks/mol_topk.py`'s sizes (1M items, P_q = P_x = 4, d_P = 64, 32
               queries, its synthetic generator): brute force at several chunk sizes and split into
               logits / gating MLP / running top-k; TopKAvg(N) (tight_bound False) at several N
@@ -47,10 +48,11 @@ mol           MoL at `benchmarks/mol_topk.py`'s sizes (1M items, P_q = P_x = 4, 
 
 Every sub-measurement runs in try/except (an error is recorded as its string and the sweep goes
 on) and only while the time budget (--budget-s, default 220 s, counted from the start, jax
-import included) lasts, each case's scan grid within --grid-budget-s (45 s); what is left is
-recorded in `skipped`. Order: q1000 (matmul, scan grid, selection, variants, torch), its
-profile, q32 (the same), MoL. Timing: `timing.timed_interleaved` (one warm-up call,
-median of --repeats, `min_ms` the fastest), every call blocked on.
+import included) lasts: each case's scan grid within --grid-budget-s (35 s), the scan cases
+leaving --mol-reserve-s (50 s) to MoL; what is left is recorded in `skipped`. Order: q1000
+(matmul, scan grid, selection, variants, torch), its profile, q32 (the same), MoL. Timing:
+`timing.timed_interleaved` (one warm-up call, median of --repeats, `min_ms` the fastest), every
+call blocked on.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ import time
 
 START = time.perf_counter()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position,protected-access
 import argparse
 import functools
 import glob
@@ -102,7 +104,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="multiply the doc counts and the chunk grid (CPU smoke runs: 0.01)")
   p.add_argument("--budget-s", type=float, default=220.0,
                  help="seconds for the whole sweep; parts past it are recorded as skipped")
-  p.add_argument("--grid-budget-s", type=float, default=45.0,
+  p.add_argument("--grid-budget-s", type=float, default=35.0,
                  help="seconds for each case's scan grid (later grid points are skipped)")
   p.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median)")
   p.add_argument("--k", type=int, default=10)
@@ -120,6 +122,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--mol-batch", type=int, default=32, help="MoL queries")
   p.add_argument("--mol-n", default="1000,2000,4000", help="TopKAvg N grid")
   p.add_argument("--mol-chunks", default="4096,16384,65536", help="MoL brute-force chunk grid")
+  p.add_argument("--mol-reserve-s", type=float, default=50.0,
+                 help="seconds of the budget the scan cases leave for the MoL part")
   p.add_argument("--seed", type=int, default=0)
   return p.parse_args(argv)
 
@@ -152,10 +156,10 @@ class Sweep:
   def left(self) -> float:
     return self.args.budget_s - (time.perf_counter() - START)
 
-  def attempt(self, where: str, fn: Callable[[], Any], default=None):
-    """fn() unless the budget is spent (then a `skipped` note); an exception is recorded as its
-    string in `errors` and `default` returned."""
-    if self.left() <= 0:
+  def attempt(self, where: str, fn: Callable[[], Any], default=None, reserve: float = 0.0):
+    """fn() unless the budget (less `reserve` seconds kept for later parts) is spent (then a
+    `skipped` note); an exception is recorded as its string in `errors` and `default` returned."""
+    if self.left() <= reserve:
       self.out["skipped"].append(f"{where}: budget of {self.args.budget_s:.0f} s spent")
       print(f"  skipped {where} (budget spent)", flush=True)
       return default
@@ -171,7 +175,7 @@ class Sweep:
     files.atomic_write_json(self.json, self.out)
 
 
-# ---- the scan cases -------------------------------------------------------------------------------
+# ---- the scan cases ------------------------------------------------------------------------------
 
 
 class Case:
@@ -233,13 +237,13 @@ class Case:
   def matmul(self) -> None:
     qt, dt = self.qt, self.dt
     mm = self.res.setdefault("matmul", {})
-    full = jax.jit(lambda q, d: exact._dot(q, d))  # pylint: disable=protected-access
+    full = jax.jit(lambda q, d: exact._dot(q, d))
     mm["full"] = self.sweep.attempt(f"{self.name} matmul full",
                                     lambda: ms_of(lambda: full(qt, dt), self.args.repeats))
     per_chunk = {}
     for c in self.chunks:
       steps = -(-self.n // c)
-      one = jax.jit(lambda q, d: exact._dot(q, d))  # pylint: disable=protected-access
+      one = jax.jit(lambda q, d: exact._dot(q, d))
       part = dt[:c]
       row = {"steps": steps}
       t = self.sweep.attempt(f"{self.name} matmul one chunk {c}",
@@ -303,7 +307,7 @@ class Case:
 
   def selection(self) -> None:
     sel = self.res.setdefault("selection", {})
-    s = jax.block_until_ready(exact._dot(self.qt, self.dt))  # pylint: disable=protected-access
+    s = jax.block_until_ready(exact._dot(self.qt, self.dt))
     settings = [("default", None, None)]
     best = self.res.get("scan_best")
     if best:
@@ -366,10 +370,11 @@ def _loop_max_fn(chunk: int):
     nfull = n // chunk
     acc = jnp.full((qt.shape[0],), -jnp.inf, jnp.float32)
     if nfull:
-      acc = lax.fori_loop(0, nfull, lambda i, a: jnp.maximum(a, jnp.max(exact._dot(  # pylint: disable=protected-access
-          qt, lax.dynamic_slice_in_dim(dt, i * chunk, chunk)), axis=1)), acc)
+      step = lambda i, a: jnp.maximum(a, jnp.max(exact._dot(
+          qt, lax.dynamic_slice_in_dim(dt, i * chunk, chunk)), axis=1))
+      acc = lax.fori_loop(0, nfull, step, acc)
     if n > nfull * chunk:
-      acc = jnp.maximum(acc, jnp.max(exact._dot(qt, dt[nfull * chunk:]), axis=1))  # pylint: disable=protected-access
+      acc = jnp.maximum(acc, jnp.max(exact._dot(qt, dt[nfull * chunk:]), axis=1))
     return acc
   return jax.jit(run)
 
@@ -400,13 +405,13 @@ def _two_pass(qt, dt, k: int, chunk: int, block: int) -> exact.TopK:
   parts = []
   if nfull:
     def body(i, acc):
-      s = exact._dot(qt, lax.dynamic_slice_in_dim(dt, i * c, c))  # pylint: disable=protected-access
+      s = exact._dot(qt, lax.dynamic_slice_in_dim(dt, i * c, c))
       return lax.dynamic_update_slice_in_dim(acc, s.reshape(b, c // g, g).max(2), i * (c // g),
                                              axis=1)
     parts.append(lax.fori_loop(0, nfull, body, jnp.zeros((b, nfull * (c // g)), jnp.float32)))
   rest = n - nfull * c
   if rest:
-    s = exact._dot(qt, dt[nfull * c:])  # pylint: disable=protected-access
+    s = exact._dot(qt, dt[nfull * c:])
     pad = -rest % g
     s = jnp.pad(s, ((0, 0), (0, pad)), constant_values=-jnp.inf)
     parts.append(s.reshape(b, (rest + pad) // g, g).max(2))
@@ -424,7 +429,7 @@ def _two_pass(qt, dt, k: int, chunk: int, block: int) -> exact.TopK:
   return exact.TopK(top, jnp.take_along_axis(rows, pos, axis=1).astype(jnp.int32))
 
 
-# ---- the profile ----------------------------------------------------------------------------------
+# ---- the profile ---------------------------------------------------------------------------------
 
 
 def profile(fn: Callable[[], Any], calls: int = 3, top: int = 12) -> dict:
@@ -440,36 +445,42 @@ def profile(fn: Callable[[], Any], calls: int = 3, top: int = 12) -> dict:
     if not found:
       return {"error": "the trace wrote no .xplane.pb"}
     data = jax.profiler.ProfileData.from_file(found[0])
+    planes = [p for p in data.planes if p.name.startswith("/device:")]
+    if not planes:  # a CPU run: the host threads that run XLA's work
+      planes = [p for p in data.planes if p.name == "/host:CPU"]
     lines = []
-    for plane in data.planes:
-      if not (plane.name.startswith("/device:") or plane.name == "/host:CPU"):
-        continue
+    for plane in planes:
       for line in plane.lines:
         if line.name in ("python", "Steps") or line.name.startswith("python"):
           continue
         totals: dict[str, float] = {}
+        details: dict[str, str] = {}
         for ev in line.events:
           if ev.name.startswith(("end: ", "ThreadpoolListener")):
             continue
           totals[ev.name] = totals.get(ev.name, 0.0) + ev.duration_ns
+          if ev.name not in details:  # the HLO text / kernel details the profiler attaches
+            details[ev.name] = " ".join(str(v) for key, v in ev.stats
+                                        if key in ("long_name", "hlo_op", "kernel_details"))
         whole = sum(totals.values())
         if not whole:
           continue
-        mm = sum(v for name, v in totals.items() if MATMUL_NAMES.search(name))
+        matmul = lambda name: bool(MATMUL_NAMES.search(name + " " + details[name]))
+        mm = sum(v for name, v in totals.items() if matmul(name))
         lines.append({"plane": plane.name, "line": line.name, "total_ms": round(whole / 1e6, 4),
                       "per_call_ms": round(whole / 1e6 / calls, 4),
                       "matmul_like_fraction": round(mm / whole, 3),
-                      "top": [{"name": name[:160], "ms": round(v / 1e6, 4),
+                      "top": [{"name": name[:160], "detail": details[name][:240],
+                               "matmul_like": matmul(name), "ms": round(v / 1e6, 4),
                                "fraction": round(v / whole, 3)}
                               for name, v in sorted(totals.items(), key=lambda x: -x[1])[:top]]})
     lines.sort(key=lambda x: -x["total_ms"])
-    return {"calls": calls, "lines": lines[:8],
-            "matmul_like_names": MATMUL_NAMES.pattern}
+    return {"calls": calls, "lines": lines[:8], "matmul_like_names": MATMUL_NAMES.pattern}
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-# ---- MoL -------------------------------------------------------------------------------------------
+# ---- MoL -----------------------------------------------------------------------------------------
 
 
 def mol_part(sweep: Sweep) -> None:
@@ -528,7 +539,7 @@ def _brute_stages(src, chunk: int, reps: int) -> dict:
       with jax.default_matmul_precision(mol_retrieval.FLOAT32):
         init = jnp.full((src.qc.shape[0],), -jnp.inf, jnp.float32)
         body = lambda acc, start, size: jnp.maximum(acc, value(src, start, size))
-        return mol_retrieval._scan_ranges(n, chunk, body, init)  # pylint: disable=protected-access
+        return mol_retrieval._scan_ranges(n, chunk, body, init)
     return run
 
   logits = loop(lambda s, st, z: jnp.max(s.logits(st, z), axis=(1, 2)))
@@ -552,7 +563,7 @@ def _avg_stages(src, k: int, n: int, chunk: int, reps: int, hr) -> dict:
   items = src.num_items
   avg_fn = jax.jit(lambda s: s.avg_scores(0, items))
   top_fn = jax.jit(lambda a: lax.top_k(a, n)[1])
-  resc = jax.jit(lambda s, cand: mol_retrieval._rescore(s, cand, k, chunk))  # pylint: disable=protected-access
+  resc = jax.jit(lambda s, cand: mol_retrieval._rescore(s, cand, k, chunk))
   scores = jax.block_until_ready(avg_fn(src))
   cand = jax.block_until_ready(top_fn(scores))
   out = {"n": n, "avg_matmul_ms": ms_of(lambda: avg_fn(src), reps)["ms"],
@@ -567,7 +578,7 @@ def _avg_stages(src, k: int, n: int, chunk: int, reps: int, hr) -> dict:
   @jax.jit
   def approx(s):
     _, ids = lax.approx_max_k(s.avg_scores(0, items), n)
-    return mol_retrieval._rescore(s, ids, k, chunk)  # pylint: disable=protected-access
+    return mol_retrieval._rescore(s, ids, k, chunk)
   try:
     out["approx_max_k_topk_avg"] = {**ms_of(lambda: approx(src), reps),
                                     "hr_at_100": hr(approx(src)[1]), "exact_selection": False}
@@ -576,7 +587,7 @@ def _avg_stages(src, k: int, n: int, chunk: int, reps: int, hr) -> dict:
   return out
 
 
-# ---- summary ---------------------------------------------------------------------------------------
+# ---- summary -------------------------------------------------------------------------------------
 
 
 def summary(out: dict) -> str:
@@ -633,7 +644,9 @@ def summary(out: dict) -> str:
       lines.append(f"  {ln['plane']} / {ln['line']}: {ln['per_call_ms']} ms per call, "
                    f"matmul-like {ln['matmul_like_fraction']}")
       for t in ln["top"][:6]:
-        lines.append(f"    {t['fraction']:.3f} {t['ms']:.3f} ms {t['name'][:90]}")
+        lines.append(f"    {t['fraction']:.3f} {t['ms']:.3f} ms {t['name'][:70]}"
+                     + (f" [{t['detail'][:80]}]" if t.get("detail") else "")
+                     + (" (matmul)" if t.get("matmul_like") else ""))
   elif prof:
     lines.append(f"\nprofile: {prof}")
   m = out.get("mol")
@@ -679,13 +692,15 @@ def main(argv=None) -> int:
   sweep.out["peaks_line"] = timing.peaks_line({"measured": peaks})
   print(sweep.out["peaks_line"], flush=True)
   sweep.save()
+  reserve = args.mol_reserve_s if "mol" in parts else 0.0
   for name in [c for c in args.cases.split(",") if c]:
     if name not in CASES:
       sweep.out["errors"].append({"where": name, "error": f"unknown case; known: {list(CASES)}"})
       continue
     b, n = CASES[name]
     n = max(args.k, int(round(n * args.scale)))
-    case = sweep.attempt(f"{name} data", lambda b=b, n=n, name=name: Case(sweep, name, b, n))
+    case = sweep.attempt(f"{name} data", lambda b=b, n=n, name=name: Case(sweep, name, b, n),
+                         reserve=reserve)
     if case is None:
       continue
     print(f"{name}: {b} x {n}", flush=True)
@@ -693,7 +708,7 @@ def main(argv=None) -> int:
     for part in ("matmul", "scan", "selection", "variants", "torch"):
       if part in parts:
         method = case.scan_grid if part == "scan" else getattr(case, part)
-        sweep.attempt(f"{name} {part}", method)
+        sweep.attempt(f"{name} {part}", method, reserve=reserve)
         sweep.save()
     case.res["time_split"] = time_split(case.res)
     if "profile" in parts and name == "q1000_d200000_n384_k10":
