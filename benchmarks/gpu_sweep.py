@@ -91,7 +91,7 @@ from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 
 CASES = {"q1000_d200000_n384_k10": (1000, 200_000), "q32_d1000000_n384_k10": (32, 1_000_000)}
 CHUNKS = (8192, 32768, 131072, 262144, 1 << 20)
-BLOCKS = (8, 32, 128, 512)
+BLOCKS = (32, 128, 1, 512, 8)  # in order of interest (block 1: a running lax.top_k of all)
 MAX_UNROLLED_STEPS = 32  # the unroll=True grid points are skipped above this many loop steps
 MATMUL_NAMES = re.compile(r"gemm|cublas|cutlass|matmul|dot|sm\d\d_xmma|xmma|wgmma|ynn|eigen",
                           re.IGNORECASE)
@@ -280,6 +280,8 @@ class Case:
     points += [(c, g, None) for g in self.blocks if g != 32 for c in self.chunks]
     points += [(c, 32, u) for c in self.chunks for u in (True, False)
                if not (u and -(-self.n // c) > MAX_UNROLLED_STEPS)]
+    same = (self.default_chunk, self.default_block, None)  # the default, timed first already
+    points = [pt for pt in points if pt != same]
     start = time.perf_counter()
     for c, g, u in points:
       if time.perf_counter() - start > self.args.grid_budget_s:
@@ -616,6 +618,11 @@ def summary(out: dict) -> str:
       lines.append(f"  scan best: chunk {best['chunk']} block {best['block']} unroll "
                    f"{best['unroll']}: {best['ms']} ms = {best['ms'] / bound['bound_ms']:.2f}x "
                    "bound")
+    grid = [r for r in c.get("scan_grid", []) if r.get("ms") is not None]
+    for g in sorted({r["effective_block"] for r in grid}):
+      lines.append(f"  scan ms at block {g} by chunk (unroll default / on / off): " + ", ".join(
+          f"{r['effective_chunk']}{'' if r['unroll'] is None else ' u' + str(r['unroll'])[0]}: "
+          f"{r['ms']}" for r in grid if r["effective_block"] == g and r["chunk"] is not None))
     bad = [r for r in c.get("scan_grid", []) if r.get("exact") is False]
     if bad:
       lines.append(f"  NOT exact grid points: {[(r['chunk'], r['block']) for r in bad]}")
@@ -722,7 +729,10 @@ def main(argv=None) -> int:
     sweep.attempt("mol", lambda: mol_part(sweep))
     sweep.save()
   sweep.save()
-  text = summary(sweep.out)
+  try:
+    text = summary(sweep.out)
+  except Exception as e:  # pylint: disable=broad-except
+    text = f"the summary failed ({err(e)}); the results are in {sweep.json}\n"
   files.atomic_write_text(sweep.txt, text)
   print(text, flush=True)
   return 0
