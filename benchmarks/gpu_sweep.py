@@ -43,8 +43,10 @@ mol           MoL at `benchmarks/mol_topk.py`'s sizes (1M items, P_q = P_x = 4, 
               queries, its synthetic generator): brute force at several chunk sizes and split into
               logits / gating MLP / running top-k; TopKAvg(N) (tight_bound False) at several N
               with HR@100 against brute force, split into its stages (the [B, N] mean-logit
-              matmul, the top-N `lax.top_k`, the MoL rescoring), and TopKAvg with the top-N taken
-              by `lax.approx_max_k` (approximate, as TopKAvg itself; HR@100 reported).
+              matmul, the top-N `lax.top_k`, the MoL rescoring), the largest N at other steps
+              (`--mol-rescore-chunks`: candidates per rescoring step), and TopKAvg with the
+              top-N taken by `lax.approx_max_k` (approximate, as TopKAvg itself; HR@100
+              reported).
 
 Every sub-measurement runs in try/except (an error is recorded as its string and the sweep goes
 on) and only while the time budget (--budget-s, default 220 s, counted from the start, jax
@@ -122,6 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--mol-batch", type=int, default=32, help="MoL queries")
   p.add_argument("--mol-n", default="1000,2000,4000", help="TopKAvg N grid")
   p.add_argument("--mol-chunks", default="4096,16384,65536", help="MoL brute-force chunk grid")
+  p.add_argument("--mol-rescore-chunks", default="512,16384",
+                 help="TopKAvg(largest N) at these steps (its rescoring's candidates per step)")
   p.add_argument("--mol-reserve-s", type=float, default=50.0,
                  help="seconds of the budget the scan cases leave for the MoL part")
   p.add_argument("--seed", type=int, default=0)
@@ -522,6 +526,11 @@ def mol_part(sweep: Sweep) -> None:
         "hr_at_100": hr(mol_retrieval.topk_avg(src, k, n, tight_bound=False).ids)})
   res["topk_avg"] = avg
   n = max(ns)
+  by_chunk = {}
+  for c in (int(x) for x in args.mol_rescore_chunks.split(",") if x):
+    by_chunk[c] = sweep.attempt(f"mol topk_avg {n} chunk {c}", lambda c=c: ms_of(
+        lambda: mol_retrieval.topk_avg(src, k, n, tight_bound=False, chunk=c), reps))
+  res[f"topk_avg_{n}_by_chunk"] = by_chunk
   res["topk_avg_stages"] = sweep.attempt("mol topk_avg stages",
                                          lambda: _avg_stages(src, k, n, c0, reps, hr))
   bf = (brute.get(c0) or {}).get("ms")
@@ -659,7 +668,8 @@ def summary(out: dict) -> str:
   m = out.get("mol")
   if m:
     lines.append(f"\nMoL {m.get('items')} items, P = {m.get('p_q')}:")
-    for key in ("brute_force_by_chunk", "topk_avg", "brute_force_stages", "topk_avg_stages"):
+    keys = [key for key in m if key.startswith("topk_avg_") and key.endswith("_by_chunk")]
+    for key in ["brute_force_by_chunk", "topk_avg", "brute_force_stages", "topk_avg_stages"] + keys:
       if m.get(key):
         lines.append(f"  {key}: {m[key]}")
   if out["errors"]:

@@ -58,7 +58,7 @@ def test_tiny_sweep_writes_one_json_and_summary(tmp_path):
   env.pop("XLA_FLAGS", None)
   proc = subprocess.run(
       [sys.executable, os.path.join(REPO, "benchmarks", "gpu_sweep.py"), "--out", str(out),
-       "--scale", "0.002", "--items", "3000", "--mol-n", "200,400", "--mol-chunks", "1024",
+       "--scale", "0.002", "--items", "3000", "--mol-n", "200,400", "--mol-chunks", "1024", "--mol-rescore-chunks", "64",
        "--repeats", "1", "--torch-device", "cpu", "--blocks", "8,32", "--grid-budget-s", "20",
        "--budget-s", "200"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
       check=False)
@@ -83,4 +83,5 @@ def test_tiny_sweep_writes_one_json_and_summary(tmp_path):
   assert mol["brute_force_by_chunk"]["1024"]["same_ids"]
   assert set(mol["topk_avg_stages"]["fractions"]) == {"avg_matmul", "top_n", "rescore"}
   assert 0 < mol["topk_avg"]["400"]["hr_at_100"] <= 1
+  assert mol["topk_avg_400_by_chunk"]["64"]["ms"] > 0
   assert "scan default" in (out / "gpu_sweep.txt").read_text()
