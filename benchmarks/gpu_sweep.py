@@ -314,12 +314,13 @@ class Case:
   def selection(self) -> None:
     sel = self.res.setdefault("selection", {})
     s = jax.block_until_ready(exact._dot(self.qt, self.dt))
-    settings = [("default", None, None)]
+    settings = [("default", None, None, None)]
     best = self.res.get("scan_best")
     if best:
-      settings.append(("best_scan_setting", best["effective_chunk"], best["effective_block"]))
-    for label, c, g in settings:
-      fn = _select_fn(self.k, c, g)
+      settings.append(("best_scan_setting", best["effective_chunk"], best["effective_block"],
+                       best["unroll"]))
+    for label, c, g, u in settings:
+      fn = _select_fn(self.k, c, g, u)
       t = self.sweep.attempt(f"{self.name} selection {label}",
                              lambda fn=fn: self.timed_checked(lambda: fn(s)))
       if t:
@@ -385,13 +386,13 @@ def _loop_max_fn(chunk: int):
   return jax.jit(run)
 
 
-def _select_fn(k: int, chunk: int | None, block: int | None):
+def _select_fn(k: int, chunk: int | None, block: int | None, unroll: bool | None = None):
   """jit: scores [B, N] -> TopK [B, k] by the scan's selection (`exact.select_topk`)."""
   def run(s):
     def scores(start, size, pad):
       cols = s[:, start:start + size] if pad else lax.dynamic_slice_in_dim(s, start, size, 1)
       return jnp.pad(cols, ((0, 0), (0, pad)), constant_values=-jnp.inf) if pad else cols
-    return exact.select_topk(scores, s.shape[0], s.shape[1], k, chunk, block)
+    return exact.select_topk(scores, s.shape[0], s.shape[1], k, chunk, block, unroll=unroll)
   return jax.jit(run)
 
 
