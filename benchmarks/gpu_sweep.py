@@ -34,10 +34,10 @@ counts and the chunk grid):
   torch       `torch.topk(q @ d.T)` per chunk (`torch_peer.py`, float32 with TF32 off) at each of
               its chunk sizes; null with the reason where torch has no CUDA device
               (`--torch-device cpu`: the CPU, a smoke test of the peer's code).
-profile       a `jax.profiler` trace of 3 calls of the default q1000 scan, summarised: per device
-              line (GPU streams / XLA ops; on a CPU the host threads), the ops or kernels with the
-              most time, their share, and the share of matmul-like names (gemm, cublas, cutlass,
-              dot, ...). `time_split` gives the same split from the timed parts (matmul vs the
+profile       a `jax.profiler` trace of 3 calls of each case's default scan (`profile`: q1000;
+              `profile_q32`), summarised per device line (GPU streams / XLA ops; on a CPU the
+              host threads): the ops or kernels with the most time, their share, and the share
+              of matmul-like names (gemm, cublas, cutlass, dot, ...). `time_split` gives the same split from the timed parts (matmul vs the
               rest).
 mol           MoL at `benchmarks/mol_topk.py`'s sizes (1M items, P_q = P_x = 4, d_P = 64, 32
               queries, its synthetic generator): brute force at several chunk sizes and split into
@@ -654,18 +654,11 @@ def summary(out: dict) -> str:
     split = c.get("time_split")
     if split:
       lines.append(f"  time split (timed parts): {split}")
-  prof = out.get("profile")
-  if prof and prof.get("lines"):
-    lines.append(f"\nprofile of the default q1000 scan ({prof['calls']} calls):")
-    for ln in prof["lines"][:3]:
+  for key in [key for key in out if key.startswith("profile")]:
+    lines += _profile_lines(key, out[key])
+
       lines.append(f"  {ln['plane']} / {ln['line']}: {ln['per_call_ms']} ms per call, "
                    f"matmul-like {ln['matmul_like_fraction']}")
-      for t in ln["top"][:6]:
-        lines.append(f"    {t['fraction']:.3f} {t['ms']:.3f} ms {t['name'][:70]}"
-                     + (f" [{t['detail'][:80]}]" if t.get("detail") else "")
-                     + (" (matmul)" if t.get("matmul_like") else ""))
-  elif prof:
-    lines.append(f"\nprofile: {prof}")
   m = out.get("mol")
   if m:
     lines.append(f"\nMoL {m.get('items')} items, P = {m.get('p_q')}:")
@@ -679,6 +672,22 @@ def summary(out: dict) -> str:
   if out["skipped"]:
     lines.append(f"skipped ({len(out['skipped'])}): " + "; ".join(out["skipped"][:10]))
   return "\n".join(lines) + "\n"
+
+
+def _profile_lines(key: str, prof: dict | None) -> list[str]:
+  """Summary lines of one profile (`profile`): its 3 busiest lines and their top ops."""
+  if not prof or not prof.get("lines"):
+    return [f"\n{key}: {prof}"]
+  case = "q1000" if key == "profile" else key.split("_", 1)[1]
+  lines = [f"\nprofile of the default {case} scan ({prof['calls']} calls):"]
+  for ln in prof["lines"][:3]:
+    lines.append(f"  {ln['plane']} / {ln['line']}: {ln['per_call_ms']} ms per call, "
+                 f"matmul-like {ln['matmul_like_fraction']}")
+    for t in ln["top"][:6]:
+      lines.append(f"    {t['fraction']:.3f} {t['ms']:.3f} ms {t['name'][:70]}"
+                   + (f" [{t['detail'][:80]}]" if t.get("detail") else "")
+                   + (" (matmul)" if t.get("matmul_like") else ""))
+  return lines
 
 
 def time_split(res: dict) -> dict | None:
@@ -729,9 +738,11 @@ def main(argv=None) -> int:
         sweep.attempt(f"{name} {part}", method, reserve=reserve)
         sweep.save()
     case.res["time_split"] = time_split(case.res)
-    if "profile" in parts and name == "q1000_d200000_n384_k10":
-      sweep.out["profile"] = sweep.attempt(
-          "profile", lambda case=case: profile(lambda: exact.topk(case.qt, case.dt, case.k)))
+    if "profile" in parts:  # "profile": the q1000 scan's; "profile_q32": the q32 scan's
+      key = "profile" if name.startswith("q1000") else "profile_" + name.split("_")[0]
+      sweep.out[key] = sweep.attempt(
+          f"profile {name}", lambda case=case: profile(
+              lambda: exact.topk(case.qt, case.dt, case.k)), reserve=reserve)
     del case  # free its tables before the next case
     sweep.save()
   if "profile" in parts and "profile" not in sweep.out:

@@ -77,11 +77,13 @@ def test_tiny_sweep_writes_one_json_and_summary(tmp_path):
     assert all(t["exact"] for t in case["torch"]["grid"].values())
     assert case["bound"]["bound_ms"] > 0 and case["matmul"]["full"]["ms"] > 0
     assert 0 < case["time_split"]["matmul_fraction"]
-  prof = res["profile"]["lines"]
-  assert prof and prof[0]["total_ms"] > 0 and prof[0]["top"]
+  for key in ("profile", "profile_q32"):
+    prof = res[key]["lines"]
+    assert prof and prof[0]["total_ms"] > 0 and prof[0]["top"]
   mol = res["mol"]
   assert mol["brute_force_by_chunk"]["1024"]["same_ids"]
   assert set(mol["topk_avg_stages"]["fractions"]) == {"avg_matmul", "top_n", "rescore"}
   assert 0 < mol["topk_avg"]["400"]["hr_at_100"] <= 1
   assert mol["topk_avg_400_by_chunk"]["64"]["ms"] > 0
-  assert "scan default" in (out / "gpu_sweep.txt").read_text()
+  text = (out / "gpu_sweep.txt").read_text()
+  assert "scan default" in text and "profile of the default q32 scan" in text
