@@ -656,9 +656,6 @@ def summary(out: dict) -> str:
       lines.append(f"  time split (timed parts): {split}")
   for key in [key for key in out if key.startswith("profile")]:
     lines += _profile_lines(key, out[key])
-
-      lines.append(f"  {ln['plane']} / {ln['line']}: {ln['per_call_ms']} ms per call, "
-                   f"matmul-like {ln['matmul_like_fraction']}")
   m = out.get("mol")
   if m:
     lines.append(f"\nMoL {m.get('items')} items, P = {m.get('p_q')}:")
