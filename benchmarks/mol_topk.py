@@ -45,7 +45,7 @@ default precision (TF32 on GPUs: the "default" peak). Fields: `bound_ms`, `ratio
 `peak_flops`, `bandwidth_gbs`.
 Torch peer (brute force only): the same MoL (logits, the same gating MLP weights, the mixture)
 with `torch.topk`, on a CUDA device where jax runs on a GPU (`torch_peer.setup`), float32 with
-TF32 off, `--chunk` items at a time: `peer_torch_ms`; elsewhere null with `note`.
+TF32 off, `--chunk` (default 4,096) items at a time: `peer_torch_ms`; elsewhere null with `note`.
 """
 from __future__ import annotations
 
@@ -206,13 +206,13 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
   torch_fn = None
   if torch is not None:
     torch_fn = torch_brute_force(torch, device, params, qc[args.select_batch:], ic, k,
-                                 args.temperature, args.chunk)
+                                 args.temperature, args.chunk or mol_topk.DEFAULT_CHUNK)
   del ic
   sources = {"selection": mol_topk.MolSource(jnp.asarray(qc[:args.select_batch]), index, params,
                                              module),
              "report": mol_topk.MolSource(jnp.asarray(qc[args.select_batch:]), index, params,
                                           module)}
-  chunk = args.chunk
+  chunk = args.chunk or mol_topk.DEFAULT_CHUNK  # the approximate algorithms' steps
 
   def call(src, cfg):
     if cfg["fn"] == "per":
@@ -223,7 +223,8 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
       return mol_topk.comb_topk(src, k, cfg["n1"], cfg["n2"], tight_bound=False, chunk=chunk)
     return mol_topk.exact_two_pass(src, k, args.exact_range, chunk=chunk)
 
-  brute = {name: (lambda src=src: mol_topk.brute_force(src, k, chunk=chunk))
+  # brute force at its per-device default step (`mol_topk.default_chunk`) unless --chunk
+  brute = {name: (lambda src=src: mol_topk.brute_force(src, k, chunk=args.chunk))
            for name, src in sources.items()}
   # Selection: every configuration on the selection queries.
   sel_src = sources["selection"]
@@ -334,7 +335,10 @@ def main() -> None:
   parser.add_argument("--comb", nargs="*", default=["5_200", "50_500", "100_1000", "200_2000"])
   parser.add_argument("--exact_range", type=int, default=0,
                       help="also run exact_two_pass with this max_range (0: skip)")
-  parser.add_argument("--chunk", type=int, default=mol_topk.DEFAULT_CHUNK)
+  parser.add_argument("--chunk", type=int, default=None,
+                      help="items per step (default: brute force per device, "
+                           "mol_topk.default_chunk; the other algorithms and torch "
+                           "mol_topk.DEFAULT_CHUNK)")
   parser.add_argument("--repeats", type=int, default=3, help="timed warm runs (median)")
   parser.add_argument("--torch-device", default="cuda", choices=("cuda", "cpu"),
                       help="torch brute-force peer: cuda (where jax runs on a GPU; elsewhere "

@@ -30,11 +30,16 @@ phases:
              `ratio_vs_read` = ours / read (goal for 32 queries: <= 1.25). A figure of its own,
              not part of the roofline bound below.
 Every case also carries the roofline bound (`timing.roofline`, peaks measured at the start of
-the run: memory bandwidth with every core, float32 / bf16 matmul peaks, the matmuls again timed
-interleaved with each case and the larger rate kept): max(2 B N w FLOPs / the
-matmul peak of the index's dtype, the index's bytes / memory bandwidth) as `bound_ms`,
-`ratio_vs_bound`, `peak_flops`, `bandwidth_gbs`; it is the bound with the shards in memory, so
-with shards on disk the read is the limit instead. `peer_torch_ms` is null (with `note`): there
+the run: float32 / bf16 matmul peaks, the matmuls again timed interleaved with each case and the
+larger rate kept): max(2 B N w FLOPs / the matmul peak of the index's dtype, the index's bytes /
+the bandwidth a stream of host-resident shards can reach, `timing.stream_bandwidth`: on a CPU the
+memory bandwidth with every core copying; on an accelerator the host-to-device link measured in
+the same run, `jax.device_put` of a 1 GiB host array, best of 3) as `bound_ms`,
+`ratio_vs_bound`, `peak_flops`, `bandwidth_gbs` (the stream's bandwidth), with
+`bound_bandwidth_source` naming it and `link_gb_per_s` (accelerators; null on a CPU). It is the
+bound with the shards in host memory, so with shards on disk the read is the limit instead.
+`bound_ms_table_in_device_memory` (with `device_memory_gbs`) is the bound of a table already in
+the device's memory, which a stream from the host cannot reach on an accelerator. `peer_torch_ms` is null (with `note`): there
 is no torch peer over memory-mapped shards.
   2. FAISS IndexFlatIP over the float32 rows held in RAM (the peer), only if MemAvailable exceeds
      the table by 2 GiB (checked before loading; said in the output when not), in the
@@ -231,6 +236,9 @@ def main(args: argparse.Namespace) -> None:
   peaks = timing.measure_peaks(min(5, max(2, args.repeats)))
   probes, probe_flops = timing.peak_probes()  # timed with each case too (the larger peak kept)
   print(timing.peaks_line({"measured": peaks}), flush=True)
+  stream = timing.stream_bandwidth(peaks)  # the bound's bandwidth: what the stream can reach
+  print(f"stream bandwidth of the bound: {stream['gb_per_s']:.1f} GB/s ({stream['source']})",
+        flush=True)
   most = max(len(ix.manifest["shards"]) for ix in indexes.values())
   threads = min(most, args.read_threads or max(8, os.cpu_count() or 1))
   bufs = [bytearray(READ_BYTES) for _ in range(threads)]
@@ -268,9 +276,14 @@ def main(args: argparse.Namespace) -> None:
               "method": f"DocIndex.search (exact.topk_stream over "
                         f"{len(indexes[dtype].manifest['shards'])} memory-mapped {dtype} shards)",
               "mem_available_gib": round((meminfo() or 0) / 2**30, 1)}
-      bound = timing.roofline(2.0 * b * args.docs * args.dim, total[dtype] + 4.0 * b * args.dim,
-                              dtype, case_peaks)
+      work = (2.0 * b * args.docs * args.dim, total[dtype] + 4.0 * b * args.dim)
+      bound = timing.roofline(*work, dtype, case_peaks | {"gb_per_s": stream["gb_per_s"]})
+      resident = timing.roofline(*work, dtype, case_peaks)
       case |= {**bound, "ratio_vs_bound": round(ms["ours"] / bound["bound_ms"], 3),
+               "bound_bandwidth_source": stream["source"],
+               "link_gb_per_s": stream["link_gb_per_s"],
+               "bound_ms_table_in_device_memory": resident["bound_ms"],
+               "device_memory_gbs": resident["bandwidth_gbs"],
                "peer_torch_ms": None,
                "note": "no torch peer: torch has no reader of memory-mapped shards here"}
       if "read" in ms:

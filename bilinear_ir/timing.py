@@ -134,6 +134,36 @@ def host_copy_gb_per_s(words: int = 1 << 26, repeats: int = 5,
   return 2 * 4 * words / seconds / 1e9
 
 
+def host_to_device_gb_per_s(nbytes: int = 1 << 30, repeats: int = 3) -> float:
+  """Host-to-device link bandwidth: `jax.device_put` of a host float32 numpy array of `nbytes`
+  (ordinary pageable memory, as a streamed shard is) to device 0, blocked on; the fewest seconds
+  of `repeats` puts after one warm-up; GB/s of bytes moved.
+
+  Meant for accelerators (the PCIe / NVLink-C2C link a host-resident stream must cross). On a CPU
+  backend `device_put` may alias the host buffer: no link is crossed, and a stream's limit there
+  is the memory bandwidth (`measure_peaks`).
+  """
+  x = np.ones((nbytes // 4,), np.float32)  # pages touched before timing
+  dev = jax.devices()[0]
+  return 4 * (nbytes // 4) / best_s(lambda: jax.device_put(x, dev), repeats) / 1e9
+
+
+def stream_bandwidth(peaks: dict[str, Any]) -> dict[str, Any]:
+  """The bandwidth a stream of host-resident rows (memory-mapped shards) can reach on device 0:
+  on a CPU the memory bandwidth of `peaks` (`measure_peaks`: a copy with every core); on an
+  accelerator the host-to-device link measured now (`host_to_device_gb_per_s`).
+
+  Returns:
+    {"gb_per_s", "source": what was measured, "link_gb_per_s": the link (None on a CPU)}.
+  """
+  if jax.devices()[0].platform == "cpu":
+    return {"gb_per_s": peaks["gb_per_s"], "link_gb_per_s": None,
+            "source": "host memory: a copy with every core (timing.measure_peaks)"}
+  link = host_to_device_gb_per_s()
+  return {"gb_per_s": link, "link_gb_per_s": round(link, 2),
+          "source": "host-to-device link: jax.device_put of a 1 GiB host array, best of 3"}
+
+
 def measure_peaks(repeats: int = 5) -> dict[str, Any]:
   """Peaks measured on device 0 now: memory bandwidth and float32 (HIGHEST), float32 operands at
   the backend's default precision (TF32 on GPUs) and bf16 (float32 accumulation) square matmuls;

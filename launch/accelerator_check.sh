@@ -7,6 +7,9 @@
 #   launch/accelerator_check.sh --reduced           # CPU sizes: the whole check in about 2 minutes
 #   launch/accelerator_check.sh --steps tests_device,topk
 #
+# The GPU scan sweep (benchmarks/gpu_sweep.py, about 220 s) is a separate command, not a step
+# here: the steps' limits already fill this check's budget.
+#
 # Runs benchmarks/accelerator_check.py: the exactness and sharding tests on the device, then the
 # top-k, MoL, training-throughput, streamed top-k and fidelity benchmarks, each writing its JSON,
 # within BUDGET_S seconds for the whole check (default 450: under 8 minutes with the wheel

@@ -189,19 +189,18 @@ def _init_state(b: int, k: int, g: int) -> _State:
                 jnp.full((b, k), NO_DOC, jnp.int32))
 
 
-def _step(state: _State, qt: jax.Array, rows: jax.Array, first_block, valid) -> _State:
-  """Merges one chunk into the running k best blocks.
+def _step(state: _State, s: jax.Array, first_block, valid) -> _State:
+  """Merges one chunk's scores into the running k best blocks.
 
   Args:
     state: running blocks (all with lower block ids than this chunk's).
-    qt: [B, w].
-    rows: [C, w], C a multiple of the block size g.
+    s: [B, C] float32 scores of the chunk's C rows, C a multiple of the block size g.
     first_block: block id of this chunk's first block (int, may be traced).
     valid: None (all rows real) or [C] bool (False rows are padding or masked; score -inf).
   """
   k, g = state.scores.shape[1:]
-  b, c = qt.shape[0], rows.shape[0]
-  s = _dot(qt, rows).reshape(b, c // g, g)
+  b, c = s.shape
+  s = s.reshape(b, c // g, g)
   masked = s if valid is None else jnp.where(valid.reshape(c // g, g)[None], s, -jnp.inf)
   # Running blocks come first: on equal maxima lax.top_k keeps the lower position, which is the
   # lower block id (the running blocks are kept in (max desc, id asc) order, induction).
@@ -240,7 +239,29 @@ def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
   Returns:
     TopK [B, k] with ids `id_offset + row`.
   """
-  b, n = qt.shape[0], dt.shape[0]
+  def scores(start, size, pad):
+    rows = dt[start:start + size] if pad else lax.dynamic_slice_in_dim(dt, start, size)
+    return _dot(qt, jnp.pad(rows, ((0, pad), (0, 0))) if pad else rows)
+
+  return select_topk(scores, qt.shape[0], dt.shape[0], k, chunk, block, id_offset, num_valid,
+                     row_valid, unroll)
+
+
+def select_topk(scores, b: int, n: int, k: int, chunk: int | None = None,
+                block: int | None = None, id_offset=0, num_valid=None,
+                row_valid: jax.Array | None = None, unroll: bool | None = None) -> TopK:
+  """The scan's selection over any source of scores (traceable; `scan_topk` is its matmul form).
+
+  Args:
+    scores: (start, size, pad) -> [B, size + pad] float32 scores of rows [start, start + size)
+      followed by `pad` padding columns (masked here). `start` is traced when pad is 0 inside the
+      chunk loop, a Python int otherwise.
+    b: B queries; n: N rows.
+    k, chunk, block, id_offset, num_valid, row_valid, unroll: as `scan_topk`.
+
+  Returns:
+    TopK [B, k] with ids `id_offset + row`.
+  """
   chunk = default_chunk(k, b) if chunk is None else chunk
   g = default_block(k, chunk) if block is None else block
   c = -(-chunk // g) * g
@@ -261,7 +282,7 @@ def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
   if nfull:
     def body(i, st):
       start = i * c
-      return _step(st, qt, lax.dynamic_slice_in_dim(dt, start, c), i * nb, valid_of(start, c))
+      return _step(st, scores(start, c, 0), i * nb, valid_of(start, c))
     if unroll is None:
       unroll = jax.default_backend() != "cpu" and nfull <= MAX_UNROLL
     state = lax.fori_loop(0, nfull, body, state, unroll=bool(unroll))
@@ -270,7 +291,7 @@ def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
   start = nfull * c
   whole = (n - start) // g * g
   if whole:
-    state = _step(state, qt, dt[start:start + whole], start // g, valid_of(start, whole))
+    state = _step(state, scores(start, whole, 0), start // g, valid_of(start, whole))
   rest = n - start - whole
   if rest:
     start += whole
@@ -278,7 +299,7 @@ def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
     extra = valid_of(start, rest)
     if extra is not None:
       ok = ok & jnp.pad(extra, (0, g - rest))
-    state = _step(state, qt, jnp.pad(dt[start:], ((0, g - rest), (0, 0))), start // g, ok)
+    state = _step(state, scores(start, rest, g - rest), start // g, ok)
   return _finish(state, k, n, id_offset)
 
 

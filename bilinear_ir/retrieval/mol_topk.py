@@ -50,8 +50,9 @@ scores as computed.
 
 Memory: scans over the items hold (B, chunk, P) logits at a time (plus (B, chunk, gate_hidden)
 gate activations where they MoL-score), so 1M items fit; re-scoring gathers (B, chunk, P_x, d_P)
-candidate components at a time; TopKAvg scores all items in one [B, N] array, and its tight
-bound marks the TopKAvg set in a [B, N] bool mask.
+candidate components at a time (on CPU at most CPU_RESCORE_CHUNK candidates: a smaller step that
+stays in the caches is 2-3x faster there, `default_chunk`); TopKAvg scores all items in one
+[B, N] array, and its tight bound marks the TopKAvg set in a [B, N] bool mask.
 
 The dot-product retrieval steps: the per-component top N is one MIPS per item component over the
 table g_b (N, d_P), by the repo's exact chunked scan `retrieval.exact.scan_topk` (any MIPS index
@@ -79,8 +80,32 @@ from bilinear_ir.errors import require
 from bilinear_ir.retrieval import exact
 from bilinear_ir.scorers.mol import outer_logits
 
-DEFAULT_CHUNK = 4096
+DEFAULT_CHUNK = 4096  # items (candidates) per step; brute force's on accelerators
+CPU_CHUNK = 256  # brute force's items per step on CPU (`default_chunk`)
+CPU_RESCORE_CHUNK = 128  # at most this many candidates per MoL rescoring step on CPU
 FLOAT32 = "highest"  # `jax.default_matmul_precision` of the exact algorithms (module docstring)
+
+
+def default_chunk(platform: str | None = None) -> int:
+  """Brute force's items per step: CPU_CHUNK on CPU, DEFAULT_CHUNK on accelerators.
+
+  On CPU a step's (B, chunk, gate_hidden) gate activations and (B, chunk, P_x, d_P) gathered
+  candidates should stay in the caches: on a 2-core CPU (loaded), 100,000 synthetic items
+  (`benchmarks/mol_topk.py`), P_q = P_x = 4, d_P 64, 32 queries, brute force took 1,150 / 1,288 /
+  1,307 / 1,394 / about 3,000 ms at chunks 128 / 256 / 512 / 1,024 / 4,096 (same ids), and the
+  TopKAvg(4,000) rescoring 80 / 93 / 104 / 127 / 232 ms at 128 / 256 / 512 / 1,024 / 4,096
+  candidates per step (hence CPU_RESCORE_CHUNK). Accelerators keep large steps (fewer loop
+  steps; the memory system is not the limit there).
+
+  Args:
+    platform: "cpu", "gpu", "tpu" (None: jax's default backend).
+  """
+  return CPU_CHUNK if (platform or jax.default_backend()) == "cpu" else DEFAULT_CHUNK
+
+
+def _rescore_step(chunk: int) -> int:
+  """Candidates per rescoring step: `chunk`, at most CPU_RESCORE_CHUNK on CPU."""
+  return min(chunk, CPU_RESCORE_CHUNK) if jax.default_backend() == "cpu" else chunk
 
 
 @flax.struct.dataclass
@@ -306,7 +331,8 @@ def _running_topk(total: int, chunk: int, chunk_fn: Callable[[Any, int], dict[st
 
 def _rescore(src: Source, cand: jnp.ndarray, k: int, chunk: int
              ) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """MoL top-k among candidate ids [B, C] (-1 = none, duplicates allowed).
+  """MoL top-k among candidate ids [B, C] (-1 = none, duplicates allowed), `chunk` candidates
+  per step (at most CPU_RESCORE_CHUNK on CPU: `default_chunk`).
 
   Returns:
     (scores [B, k], ids [B, k]), padded with -inf / -1 when fewer than k distinct candidates.
@@ -324,7 +350,7 @@ def _rescore(src: Source, cand: jnp.ndarray, k: int, chunk: int
 
   batch = cand.shape[0]
   init = (jnp.full((batch, k), -jnp.inf, jnp.float32), jnp.full((batch, k), -1, jnp.int32))
-  return _scan_ranges(cand.shape[1], chunk, body, init)
+  return _scan_ranges(cand.shape[1], _rescore_step(chunk), body, init)
 
 
 def _gap(s: jnp.ndarray, s_k: jnp.ndarray) -> jnp.ndarray:
@@ -341,18 +367,20 @@ def _check(k: int, *sizes: int) -> None:
 
 
 @functools.partial(jax.jit, static_argnames=("k", "chunk"))
-def brute_force(src: Source, k: int, chunk: int = DEFAULT_CHUNK) -> MolTopK:
+def brute_force(src: Source, k: int, chunk: int | None = None) -> MolTopK:
   """Exact top-k by MoL over every item, `chunk` items at a time.
 
   Args:
     src: a `MolSource` or `DenseSource` with B queries and N items.
     k: K.
-    chunk: items per step (memory: (B, chunk, P) logits + (B, chunk, gate_hidden) activations).
+    chunk: items per step (memory: (B, chunk, P) logits + (B, chunk, gate_hidden) activations;
+      None: `default_chunk()`, per device).
 
   Returns:
     `MolTopK` with ids/scores [B, K]; gap bounds 0.
   """
   _check(k)
+  chunk = default_chunk() if chunk is None else chunk
 
   def chunk_fn(start, size):
     return {"phi": src.phi(src.logits(start, size), start + jnp.arange(size))}
