@@ -232,10 +232,10 @@ def test_default_chunk_per_device():
   whose [B, chunk] float32 score block fits 128 MiB, within [the CPU chunk, 2^20]."""
   assert exact.default_chunk(10, 1000, "cpu") == 8192
   assert exact.default_chunk(300, 1000, "cpu") == 32768
-  assert exact.default_chunk(10, 1000, "gpu") == 32768      # 128 MiB / 4,000 B = 33,554 rows
+  assert exact.default_chunk(10, 1000, "gpu") == 1 << 18    # 1 GiB / 4,000 B = 268,435 rows
   assert exact.default_chunk(10, 32, "gpu") == 1 << 20      # capped
-  assert exact.default_chunk(10, 4096, "tpu") == 8192       # 128 MiB / 16 KiB = 8,192
-  assert exact.default_chunk(10, 100_000, "gpu") == 8192    # never below the CPU chunk
+  assert exact.default_chunk(10, 4096, "tpu") == 1 << 16    # 1 GiB / 16 KiB = 65,536
+  assert exact.default_chunk(10, 1_000_000, "gpu") == 8192  # never below the CPU chunk
   assert exact.default_chunk(10, 1000) == exact.default_chunk(10, 1000, jax.default_backend())
 
 

@@ -51,7 +51,7 @@ from bilinear_ir.errors import input_error
 
 DEFAULT_CHUNK = 8192        # doc rows per scan step for k <= 64: [B, chunk] scores live at once
 MAX_CHUNK = 32768           # largest default chunk on CPU (k > 256 then prunes with smaller blocks)
-ACCEL_SCORE_BYTES = 128 << 20  # accelerators: a [B, chunk] float32 score block of about this
+ACCEL_SCORE_BYTES = 1 << 30   # accelerators: a [B, chunk] float32 score block of about this
 MAX_ACCEL_CHUNK = 1 << 20   # largest default chunk on accelerators
 MAX_UNROLL = 16             # accelerators: scan loops of at most this many steps are unrolled
 DEFAULT_QUERY_CHUNK = 1024  # queries per scan
@@ -102,13 +102,12 @@ def default_chunk(k: int, batch: int | None = None, platform: str | None = None)
 
   CPU: max(DEFAULT_CHUNK, 128 k) up to MAX_CHUNK (measured below). Accelerators (GPU, TPU):
   the largest power of two whose [batch, chunk] float32 score block fits ACCEL_SCORE_BYTES
-  (128 MiB), at least the CPU chunk and at most MAX_ACCEL_CHUNK, so a scan has few steps: on one
-  H100 the 8,192-row chunk cost about 90 us of selection and loop overhead per step next to a
-  125 us matmul at 1,000 queries (5.84 ms for 200k docs, 1.9x its roofline bound), and 122 steps
-  of tiny matmuls at 32 queries x 1M docs (5.35 ms, 8x). With 128 MiB blocks, 1,000 queries scan
-  32,768 rows per step (7 steps for 200k docs) and 32 queries 1M rows (one step); predicted, not
-  yet measured on a GPU: the block-max re-read of a block costs about a tenth of its matmul at
-  1,000 queries (`benchmarks/topk.py --chunks` times the alternatives in the same run).
+  (1 GiB), at least the CPU chunk and at most MAX_ACCEL_CHUNK, so a scan has few steps. Measured
+  on one H200 (`benchmarks/gpu_sweep.py`, 1,000 queries x 200k docs x 384, k = 10, median of 5):
+  chunks 8,192 / 32,768 / 131,072 / 200,000 (one step) took 5.72 / 5.90 / 5.47 / 5.09 ms at
+  block 32, against a 3.73 ms bare float32 matmul of the whole table and a 3.07 ms roofline
+  bound; the selection alone is 0.86 ms at one step. With 1 GiB blocks 1,000 queries scan
+  262,144 rows per step (200k docs in one) and 32 queries 1M rows.
 
   Args:
     k: results per query.
