@@ -9,7 +9,7 @@ import setuptools
 
 EXTRAS = {
     "tfds": ["tensorflow-datasets>=4.9.7", "array-record>=0.7"],  # data/tfds_builder.py
-    "faiss": ["faiss-cpu>=1.8"],  # retrieval/faiss_export.py, configs/export.py format=faiss
+    "faiss": ["faiss-cpu>=1.8"],  # export/faiss_index.py, configs/export.py format=faiss
     # The sentence-transformers export (configs/export.py) and its test; sentence-transformers
     # 5 is the first with `Router` (asymmetric query / document modules).
     "st": ["sentence-transformers>=5", "torch>=2.2"],

@@ -2,7 +2,7 @@
 
 The parts of `bilinear_ir` form layers, and a part imports only parts in layers below its own:
 
-  main -> jobs -> experiment -> synthetic -> {train, retrieval, fidelity} -> data
+  main -> jobs -> experiment -> synthetic -> export -> {train, retrieval, fidelity} -> data
   -> {scorers, eval, lowrank} -> {errors, files, allocator, defaults, progress, timing}
 
 So the jobs say what runs and the experiment protocol (`experiment/`: training with dev
@@ -29,6 +29,7 @@ LAYERS = (
     ("scorers", "eval", "lowrank"),
     ("data",),
     ("train", "retrieval", "fidelity"),
+    ("export",),  # the FAISS index searches with retrieval's exact top-k
     ("synthetic",),
     ("experiment",),
     ("jobs",),

@@ -12,8 +12,8 @@ from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
+from bilinear_ir.export import saved_model
 from bilinear_ir.jobs import export as export_job
-from bilinear_ir.train import saved_model
 from conftest import write_beir
 from conftest import write_model
 

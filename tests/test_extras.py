@@ -13,9 +13,9 @@ from bilinear_ir import scorers
 from bilinear_ir.data import sparse
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import validation
-from bilinear_ir.retrieval import faiss_export
-from bilinear_ir.train import export
-from bilinear_ir.train import saved_model
+from bilinear_ir.export import faiss_index
+from bilinear_ir.export import saved_model
+from bilinear_ir.export import sentence_transformers
 from bilinear_ir.train import trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +30,7 @@ def test_faiss_export_names_the_faiss_extra(monkeypatch):
   _hide(monkeypatch, "faiss")
   module = scorers.build("dot", dim=3)
   with pytest.raises(InputError, match=r'FAISS export needs faiss-cpu.*bilinear_ir\[faiss\]'):
-    faiss_export.export_faiss(module, {}, np.eye(3, dtype=np.float32))
+    faiss_index.export_faiss(module, {}, np.eye(3, dtype=np.float32))
 
 
 def test_tensorboard_names_the_tb_extra(monkeypatch, tmp_path):
@@ -62,7 +62,7 @@ def test_tfds_builder_names_the_tfds_extra(monkeypatch):
 def test_sentence_transformers_export_names_the_st_extra(monkeypatch, tmp_path):
   _hide(monkeypatch, "sentence_transformers", "torch")
   with pytest.raises(InputError, match=r"sentence-transformers export needs .*\[st\]"):
-    export.sentence_transformer(np.eye(2), np.eye(2), str(tmp_path),
+    sentence_transformers.build(np.eye(2), np.eye(2), str(tmp_path),
                                 {"max_length": 8, "pooling": "mean", "normalize": True})
 
 

@@ -313,7 +313,7 @@ def test_saved_model_and_report_writes_on_a_full_disk(tmp_path, monkeypatch):
   from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
   from bilinear_ir.errors import WriteError  # pylint: disable=g-import-not-at-top
   from bilinear_ir.jobs import report  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.train import saved_model  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.export import saved_model  # pylint: disable=g-import-not-at-top
   module = scorers.build("bilinear", 256)  # W: 256 x 256 float32, 256 KiB
   params = {"W": np.eye(256, dtype=np.float32)}
   rep = report.Report(results={"x": 1}, markdown="# x\n",

@@ -22,7 +22,8 @@ import pytest
 from bilinear_ir import defaults, lowrank, scorers
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import validation
-from bilinear_ir.retrieval import certified, exact, faiss_export, mol_topk, sharded
+from bilinear_ir.export import faiss_index
+from bilinear_ir.retrieval import certified, exact, mol_topk, sharded
 from bilinear_ir.scorers import base as scorers_base
 from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 from bilinear_ir.train import trainer
@@ -236,7 +237,7 @@ def test_export_compiles_only_float32_matmuls(tmp_path):
   jax.config.update("jax_dump_ir_to", str(tmp_path))
   try:
     scorers_base.table_matrices(module, params)
-    faiss_export.doc_table_array(module, params, docs)
+    faiss_index.doc_table_array(module, params, docs)
   finally:
     jax.config.update("jax_dump_ir_to", old)
   paths = sorted(glob.glob(os.path.join(str(tmp_path), "*.mlir")))

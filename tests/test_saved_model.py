@@ -10,7 +10,7 @@ from safetensors.numpy import save_file
 
 from bilinear_ir import scorers
 from bilinear_ir.errors import InputError
-from bilinear_ir.train import saved_model
+from bilinear_ir.export import saved_model
 
 TOKEN_SCORERS = ("colbert", "lite", "lite_flat", "knrm", "mebert")
 OPTIONS = {"lowrank": {"rank": 3, "residual": "identity"}, "mol": {"p_q": 2, "p_x": 3, "d_p": 4,

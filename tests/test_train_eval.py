@@ -11,7 +11,7 @@ import pytest
 
 from bilinear_ir import defaults
 from bilinear_ir.eval import metrics, trec
-from bilinear_ir.train import saved_model
+from bilinear_ir.export import saved_model
 from conftest import REPO, write_beir
 
 

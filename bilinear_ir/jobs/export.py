@@ -5,11 +5,12 @@
     configs/export.py:model_dir=W/model,format=faiss                   -> WORKDIR/export/
 
 `sentence-transformers`: a folder `SentenceTransformer(path)` loads (the encoder, its pooling
-and normalisation, a query / document `Router` of two `Dense` layers; `train.export`), so
-`encode_query(q) @ encode_document(d).T` gives the model's scores. `head`: the two matrices alone
-(for models over precomputed embeddings, which have no encoder to ship). `faiss`: an
-`IndexFlatIP` over the doc table of `data`'s collection (`retrieval.faiss_export`), its doc ids
-and the query head. Every format carries `bilinear_ir.json`, what it was exported from.
+and normalisation, a query / document `Router` of two `Dense` layers;
+`export.sentence_transformers`), so `encode_query(q) @ encode_document(d).T` gives the model's
+scores. `head`: the two matrices alone (`export.head`; for models over precomputed embeddings,
+which have no encoder to ship). `faiss`: an `IndexFlatIP` over the doc table of `data`'s
+collection (`export.faiss_index`), its doc ids and the query head. Every format carries
+`bilinear_ir.json`, what it was exported from.
 """
 from __future__ import annotations
 
@@ -27,13 +28,14 @@ from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import require
-from bilinear_ir.jobs import report
 from bilinear_ir.experiment import validation
-from bilinear_ir.retrieval import faiss_export
+from bilinear_ir.export import faiss_index
+from bilinear_ir.export import head
+from bilinear_ir.export import saved_model
+from bilinear_ir.export import sentence_transformers
+from bilinear_ir.jobs import report
 from bilinear_ir.scorers.base import TableScorer
 from bilinear_ir.scorers.base import table_matrices
-from bilinear_ir.train import export
-from bilinear_ir.train import saved_model
 
 FORMATS = ("sentence-transformers", "head", "faiss")
 
@@ -88,15 +90,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # py
       raise input_error("the model was trained on precomputed embeddings, so there is no "
                         "encoder to ship; export format=head", file="config", field="format")
     _, folder = encoders.resolve(settings["model"], cache_dir)
-    model = export.sentence_transformer(a, b, folder, settings)  # built now: errors before writes
-    writer = functools.partial(export.save_sentence_transformer, model=model,
+    model = sentence_transformers.build(a, b, folder, settings)  # built now: errors before writes
+    writer = functools.partial(sentence_transformers.save, model=model,
                                description=description)
   elif config.format == "head":
-    writer = functools.partial(export.head, a=a, b=b, description=description)
+    writer = functools.partial(head.save, a=a, b=b, description=description)
   else:
     coll = loaders.load(config.data)
     emb = pipeline.embed(coll, _encoder_config(settings, config.encoder.cache_dir))
-    index = faiss_export.export_faiss(module, params, emb.docs)
+    index = faiss_index.export_faiss(module, params, emb.docs)
     writer = functools.partial(_write_faiss, index=index, doc_ids=list(emb.doc_ids), a=a,
                                description={**description, "collection": coll.name})
   md = (f"# export: {meta['scorer']} ({config.format})\n\nFrom `{config.model_dir}`: query and "

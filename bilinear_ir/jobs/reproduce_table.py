@@ -21,8 +21,8 @@ from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
+from bilinear_ir.export import saved_model
 from bilinear_ir.jobs import report
-from bilinear_ir.train import saved_model
 
 JOB = "reproduce_table"
 

@@ -2,7 +2,7 @@
 
     python -m bilinear_ir.main --config=configs/retrieve.py:model_dir=W/model --workdir=OUT
 
-Steps: load the model written by `train_eval` (`train.saved_model.load_model`; `model_dir=""` is the
+Steps: load the model written by `train_eval` (`export.saved_model.load_model`; `model_dir=""` is the
 parameter-free dot product), the collection of `config.data` and its embeddings by the encoder the
 model was trained with; open the `DocIndex` under `config.index_dir` if it was built by this
 scorer, params, dtype and doc embeddings (else rebuild it); run the queries of `data.split`
@@ -33,12 +33,12 @@ from bilinear_ir.data import loaders
 from bilinear_ir.errors import input_error, require
 from bilinear_ir.eval import metrics as metrics_lib
 from bilinear_ir.eval import trec
+from bilinear_ir.export import saved_model
 from bilinear_ir.jobs import report
 from bilinear_ir.experiment import validation
 from bilinear_ir.retrieval import index as index_lib
 from bilinear_ir.retrieval import serving
 from bilinear_ir.scorers.base import TableScorer
-from bilinear_ir.train import saved_model
 ENCODER_FIELDS = defaults.ENCODER_FIELDS  # configs/retrieve.py leaves them None by default
 
 
@@ -85,7 +85,7 @@ def dot_scorer(dim: int):
 
 
 def load_scorer(model_dir: str):
-  """(module, params, meta) of a table scorer saved by `train.saved_model.save_model`."""
+  """(module, params, meta) of a table scorer saved by `export.saved_model.save_model`."""
   module, params, meta = saved_model.load_model(model_dir)
   if not isinstance(module, TableScorer):
     raise input_error(f"scorer {meta['scorer']!r} has no query/doc tables; the retrieve job "

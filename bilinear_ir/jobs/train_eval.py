@@ -19,8 +19,8 @@ from bilinear_ir.eval import trec
 from bilinear_ir.experiment import spec
 from bilinear_ir.experiment import training
 from bilinear_ir.experiment import validation
+from bilinear_ir.export import saved_model
 from bilinear_ir.jobs import report
-from bilinear_ir.train import saved_model
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -38,7 +38,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def run(config: ml_collections.ConfigDict, workdir: str):
   """The `train_eval` job (see configs/train_eval.py). Writes the selected model to
   `WORKDIR/model` (`WORKDIR/foldK/model` with folds), loadable with
-  `train.saved_model.load_model`."""
+  `export.saved_model.load_model`."""
   prepared = pipeline.prepare(config)
   coll = prepared.collection
   trains_on_qrels = config.train.source != "ict" and bool(jax.tree.leaves(scorers.init_params(

@@ -1,2 +1,2 @@
 """Training: losses, the sharded training loop (`trainer.fit`), checkpoints (one orbax wrapper),
-saved models, distillation teachers."""
+distillation teachers (saved models: `export.saved_model`)."""

@@ -44,7 +44,7 @@ def _table(module, params, x, method: str, batch: int) -> np.ndarray:
     out = fn(params, np.asarray(x[lo:lo + batch], np.float32))
     if isinstance(out, (tuple, list)):
       raise input_error(f"{method} returns several arrays (a multi-vector scorer); export "
-                        "single-vector tables only", file="faiss_export")
+                        "single-vector tables only", file="faiss_index")
     parts.append(np.asarray(out, np.float32))
   return np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, 0), np.float32))
 
