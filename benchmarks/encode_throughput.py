@@ -42,15 +42,16 @@ import numpy as np
 from bilinear_ir import allocator
 from bilinear_ir import defaults
 from bilinear_ir import files
-from bilinear_ir.data import embeddings
-from bilinear_ir.data import encoders
-from bilinear_ir.data import loaders
 from bilinear_ir import timing
+from bilinear_ir.data import embeddings
+from bilinear_ir.data import loaders
+from bilinear_ir.encoders import base
+from bilinear_ir.encoders import names
 
 MODELS = {"minilm": "all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
 
 
-def flax_encode(encoder: encoders.Encoder, texts: list[str], max_length: int, batch_size: int):
+def flax_encode(encoder: base.Encoder, texts: list[str], max_length: int, batch_size: int):
   """A call that embeds `texts` as the project does (`embeddings.run_model`: length-sorted,
   bucketed, jitted batches, results read as they come), without the disk cache: [N, n]
   float32 vectors pooled and normalised as the model's sentence-transformers files say."""
@@ -75,7 +76,7 @@ def torch_encode(folder: str, texts: list[str], max_length: int, batch_size: int
                               show_progress_bar=False)
 
 
-def profile_matmuls(encoder: encoders.Encoder, rows: int, repeats: int) -> None:
+def profile_matmuls(encoder: base.Encoder, rows: int, repeats: int) -> None:
   """Prints one layer's dense matmuls ([rows, n] inputs) in XLA:CPU and in torch: GFLOP/s."""
   import torch  # pylint: disable=g-import-not-at-top
   n, f = encoder.hidden_size, encoder.module.intermediate_size
@@ -166,7 +167,7 @@ def main() -> None:
   cases = []
   for key in args.models.split(","):
     started = time.perf_counter()
-    encoder = encoders.load_encoder(MODELS[key], cache_dir)
+    encoder = names.load_encoder(MODELS[key], cache_dir)
     print(f"\n{encoder.name}: loaded in {time.perf_counter() - started:.1f} s")
     for max_length in [int(x) for x in args.max_lengths.split(",")]:
       name = f"{MODELS[key]} L={max_length} batch={args.batch_size}"

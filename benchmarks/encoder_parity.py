@@ -1,4 +1,4 @@
-"""Frozen encoders: the project's Flax BERT / MPNet (`data.encoders`) vs PyTorch transformers.
+"""Frozen encoders: the project's Flax BERT / MPNet (`encoders/`) vs PyTorch transformers.
 
     python benchmarks/encoder_parity.py                           # MiniLM + MPNet, 300 texts
     python benchmarks/encoder_parity.py --models minilm --texts 8 # smoke run
@@ -14,17 +14,17 @@ so truncation is exercised) and the first `--texts` claims (short), from the Sci
 embedded in the package. Each model runs at its sentence-transformers max_seq_length
 (all-MiniLM-L6-v2 256, all-mpnet-base-v2 384) unless `--max_length` is given.
 
-Both sides read the same folder: ours through `encoders.load_encoder` (safetensors, tokenizers),
-the peer through `transformers.AutoTokenizer` + `AutoModel` (`BertModel` / `MPNetModel`, float32,
-`torch.inference_mode()`). Both sort texts by token length and run batches of `--batch_size`;
-ours pads each batch to its length bucket (multiples of 32, as `data.embeddings` does), the
-peer to its longest text, so padding differs and the comparison also covers it. Printed per
-model (max |difference|, goal `--goal`):
+Both sides read the same folder: ours through `encoders.names.load_encoder` (safetensors,
+tokenizers), the peer through `transformers.AutoTokenizer` + `AutoModel` (`BertModel` /
+`MPNetModel`, float32, `torch.inference_mode()`). Both sort texts by token length and run
+batches of `--batch_size`; ours pads each batch to its length bucket (multiples of 32, as
+`data.embeddings` does), the peer to its longest text, so padding differs and the comparison
+also covers it. Printed per model (max |difference|, goal `--goal`):
   * token ids: texts whose ids differ between `Encoder.tokenize` and the fast tokenizer
     (truncation at max_length).
   * tokens: the last hidden states on real tokens ([CLS]/<s> ... [SEP]/</s>).
   * pooled: the model's sentence-transformers pooling (masked mean, clamp 1e-9) and L2
-    normalisation (clamp 1e-12), ours via `encoders.pool`, the peer's in torch.
+    normalisation (clamp 1e-12), ours via `encoders.base.pool`, the peer's in torch.
 """
 from __future__ import annotations
 
@@ -39,16 +39,17 @@ import numpy as np
 
 from bilinear_ir import defaults
 from bilinear_ir import files
-from bilinear_ir.data import embeddings
-from bilinear_ir.data import encoders
-from bilinear_ir.data import loaders
 from bilinear_ir import timing
+from bilinear_ir.data import embeddings
+from bilinear_ir.data import loaders
+from bilinear_ir.encoders import base
+from bilinear_ir.encoders import names
 
 MODELS = {"minilm": "all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
 BUCKET_STEP = 32
 
 
-def flax_outputs(encoder: encoders.Encoder, ids: list[list[int]], batch_size: int
+def flax_outputs(encoder: base.Encoder, ids: list[list[int]], batch_size: int
                  ) -> tuple[list[np.ndarray], np.ndarray]:
   """Our token states ([N] arrays [len_i, n]) and pooled vectors [N, n], in text order."""
   pooling, normalize = encoder.defaults["pooling"], encoder.defaults["normalize"]
@@ -56,7 +57,7 @@ def flax_outputs(encoder: encoders.Encoder, ids: list[list[int]], batch_size: in
   @jax.jit
   def forward(params, a, m):
     hidden = encoder.hidden(params, a, m)
-    return hidden, encoders.pool(hidden, m, pooling, normalize)
+    return hidden, base.pool(hidden, m, pooling, normalize)
 
   max_length = max(len(t) for t in ids)
   buckets = list(range(BUCKET_STEP, max_length, BUCKET_STEP)) + [max_length]
@@ -140,7 +141,7 @@ def main() -> None:
   worst, id_mismatches, cases = 0.0, 0, []
   for key in args.models.split(","):
     started = time.perf_counter()
-    encoder = encoders.load_encoder(MODELS[key], cache_dir)
+    encoder = names.load_encoder(MODELS[key], cache_dir)
     max_length = args.max_length or encoder.defaults["max_length"]
     pooling, normalize = encoder.defaults["pooling"], encoder.defaults["normalize"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(encoder.path)

@@ -18,7 +18,7 @@ from tokenizers import normalizers  # noqa: E402  pylint: disable=wrong-import-p
 from tokenizers import pre_tokenizers  # noqa: E402  pylint: disable=wrong-import-position
 from tokenizers import processors  # noqa: E402  pylint: disable=wrong-import-position
 
-from bilinear_ir.data.encoders import load  # noqa: E402  pylint: disable=wrong-import-position
+from bilinear_ir.encoders import hf_folder  # noqa: E402  pylint: disable=wrong-import-position
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -101,7 +101,7 @@ def write_model(folder: str, kind: str, act: str = "gelu", seed: int = 0, prefix
                   layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2)
   with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
     json.dump(config, f)
-  arch = load.ARCHITECTURES[kind]
+  arch = hf_folder.ARCHITECTURES[kind]
   module = arch.from_config(config)
   shapes = {name: shape for sources, _ in arch.recipes(module).values()
             for name, shape in sources}

@@ -3,7 +3,7 @@
 The parts of `bilinear_ir` form layers, and a part imports only parts in layers below its own:
 
   main -> jobs -> experiment -> synthetic -> export -> {train, retrieval, fidelity} -> data
-  -> {scorers, eval, lowrank} -> {errors, files, allocator, defaults, progress, timing}
+  -> {encoders, scorers, eval, lowrank} -> {errors, files, allocator, defaults, progress, timing}
 
 So the jobs say what runs and the experiment protocol (`experiment/`: training with dev
 selection, rows, comparisons, evaluation, the re-ranking setting) sits between them and the
@@ -26,7 +26,7 @@ PACKAGE = os.path.join(REPO, "bilinear_ir")
 
 LAYERS = (
     ("errors", "files", "allocator", "defaults", "progress", "timing"),
-    ("scorers", "eval", "lowrank"),
+    ("encoders", "scorers", "eval", "lowrank"),
     ("data",),
     ("train", "retrieval", "fidelity"),
     ("export",),  # the FAISS index searches with retrieval's exact top-k

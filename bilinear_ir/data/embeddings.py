@@ -1,6 +1,6 @@
 """Frozen-encoder embeddings (pooled and per-token) with an on-disk cache.
 
-The project's own Flax encoders (`bilinear_ir.data.encoders`: BERT, MPNet, read from a
+The project's own Flax encoders (`bilinear_ir.encoders`: BERT, MPNet, read from a
 HuggingFace-layout folder through `safetensors` and `tokenizers`, never with remote code) turn
 texts into vectors once; the vectors are cached as `.npy` files plus a JSON manifest and reused
 while the manifest matches.
@@ -68,28 +68,23 @@ import tokenizers
 
 from bilinear_ir import files
 from bilinear_ir import progress
-from bilinear_ir.data import encoders
 from bilinear_ir.data.collection import Collection
+from bilinear_ir.encoders.base import POOLINGS
+from bilinear_ir.encoders.base import Encoder
+from bilinear_ir.encoders.base import pool
+from bilinear_ir.encoders.names import load_encoder
 from bilinear_ir.errors import InputError
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import require
 
 CACHE_ENV = "BILINEAR_IR_CACHE"
-POOLINGS = encoders.POOLINGS
 BUCKET_STEP = 32
 TOKEN_DTYPE = np.float16
 CACHE_FORMAT = 2
 DATA_AXIS = "data"
 
 
-def load_encoder(encoder_cfg: ml_collections.ConfigDict) -> encoders.Encoder:
-  """The frozen encoder an `encoder` block names (`encoders.load_encoder`, cached per process)."""
-  return encoders.load_encoder(str(encoder_cfg.model),
-                               resolve_cache_dir(str(encoder_cfg.cache_dir)))
-
-
-def resolved(encoder_cfg: ml_collections.ConfigDict,
-             encoder: encoders.Encoder) -> dict[str, Any]:
+def resolved(encoder_cfg: ml_collections.ConfigDict, encoder: Encoder) -> dict[str, Any]:
   """{"pooling", "normalize", "max_length"}: the block's values, or the model's
   sentence-transformers settings (`encoder.defaults`) where the block leaves them None."""
   out = {}
@@ -110,7 +105,7 @@ def bucket_lengths(max_length: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=16)
-def _forward(encoder: encoders.Encoder, normalize: bool, tokens: bool):
+def _forward(encoder: Encoder, normalize: bool, tokens: bool):
   """The jitted `(params, ids [B, L] int32, mask [B, L] int32) -> out`.
 
   `out` is [B, L, n] float16 token states (zero at padding, optionally L2-normalised) when
@@ -125,13 +120,13 @@ def _forward(encoder: encoders.Encoder, normalize: bool, tokens: bool):
       if normalize:
         out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
       return out.astype(TOKEN_DTYPE)
-    pooled = [encoders.pool(hidden, mask, p, normalize=False) for p in ("mean", "cls")]
+    pooled = [pool(hidden, mask, p, normalize=False) for p in ("mean", "cls")]
     return jnp.stack(pooled, axis=1).astype(jnp.float32)
 
   return jax.jit(forward)
 
 
-def run_model(encoder: encoders.Encoder, token_ids: list[list[int]], *, normalize: bool,
+def run_model(encoder: Encoder, token_ids: list[list[int]], *, normalize: bool,
                tokens: bool, max_length: int, batch_size: int,
                devices: Sequence[jax.Device], desc: str) -> np.ndarray:
   """Runs the encoder over tokenized texts in length-sorted, bucketed, sharded batches.
@@ -299,7 +294,8 @@ def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tok
     `max_length` replaced by the one given, when given).
   """
   _check_config(encoder_cfg)
-  encoder = load_encoder(encoder_cfg)
+  cache_dir = resolve_cache_dir(str(encoder_cfg.cache_dir))
+  encoder = load_encoder(str(encoder_cfg.model), cache_dir)
   settings = resolved(encoder_cfg, encoder)
   if max_length is not None:
     settings["max_length"] = int(max_length)
@@ -329,7 +325,6 @@ def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tok
     expected = {"vectors": ((n, max_length, dim), TOKEN_DTYPE), "mask": ((n, max_length), bool)}
   else:
     expected = {"mean": ((n, dim), np.float32), "cls": ((n, dim), np.float32)}
-  cache_dir = resolve_cache_dir(str(encoder_cfg.cache_dir))
   hit = _cache_load(cache_dir, key, expected)
   if hit is not None:
     logging.info("embedding cache hit: %s (%d texts)", key["kind"], n)

@@ -49,7 +49,7 @@ import numpy as np
 import scipy.sparse as sp
 import tokenizers
 
-from bilinear_ir.data import encoders
+from bilinear_ir.encoders.names import minilm_dir
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import missing_extra
 from bilinear_ir.errors import require
@@ -82,7 +82,7 @@ def _stemmer(language: str):
 def _wordpiece(model_dir: str):
   """The WordPiece tokenizer (`tokenizers`, the backend of transformers' BertTokenizerFast) of a
   BERT folder ("" = all-MiniLM-L6-v2 of the installed package), without truncation."""
-  path = model_dir or encoders.minilm_dir()
+  path = model_dir or minilm_dir()
   spec, vocab = os.path.join(path, "tokenizer.json"), os.path.join(path, "vocab.txt")
   try:
     if os.path.exists(spec):

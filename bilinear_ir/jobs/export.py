@@ -22,10 +22,10 @@ import numpy as np
 
 from bilinear_ir import defaults
 from bilinear_ir import files
-from bilinear_ir.data import encoders
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
+from bilinear_ir.encoders import names
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import validation
@@ -89,7 +89,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # py
     if settings.get("kind") != "flax":
       raise input_error("the model was trained on precomputed embeddings, so there is no "
                         "encoder to ship; export format=head", file="config", field="format")
-    _, folder = encoders.resolve(settings["model"], cache_dir)
+    _, folder = names.resolve(settings["model"], cache_dir)
     model = sentence_transformers.build(a, b, folder, settings)  # built now: errors before writes
     writer = functools.partial(sentence_transformers.save, model=model,
                                description=description)

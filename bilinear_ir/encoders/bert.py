@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bilinear_ir.data.encoders import layers
+from bilinear_ir.encoders import layers
 from bilinear_ir.errors import input_error
 
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bilinear_ir.data.encoders import layers
+from bilinear_ir.encoders import layers
 from bilinear_ir.errors import input_error
 
 # HuggingFace's MPNet fixes these: `padding_idx` is 1 whatever `pad_token_id` says, and the
