@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bilinear_ir import allocator, files, scorers
+from bilinear_ir.scorers import multivector
 from bilinear_ir.timing import de_case, hardware, late_case, mebert_case, timed
-from bilinear_ir.scorers import multivector, token_interaction  # noqa: F401  (registers them)
 
 PAPER_MS = {"DE": 42, "ColBERT": 62, "LITE": 111, "small LITE": 56}  # LITE paper Table 3
 

@@ -59,7 +59,6 @@ import numpy as np
 import torch_peer  # benchmarks/torch_peer.py
 from bilinear_ir import allocator, files, scorers, timing
 from bilinear_ir.retrieval import mol_topk
-from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 
 HR_AT = (1, 10, 50, 100)
 

@@ -135,7 +135,7 @@ def test_no_cycle_between_parts():
 
 
 def test_a_job_never_imports_a_job():
-  job_modules = {f"bilinear_ir.jobs.{n}" for n in jobs.NAMES}
+  job_modules = {f"bilinear_ir.jobs.{n}" for n in jobs.JOBS}
   bad = []
   for module in job_modules:
     path = MODULES[module]
@@ -146,10 +146,10 @@ def test_a_job_never_imports_a_job():
 
 
 def test_every_job_module_exists_with_validate_and_run():
-  for name in jobs.NAMES:
+  for name in jobs.JOBS:
     module = jobs.get(name)
     assert callable(module.validate) and callable(module.run), name
-  assert sorted(jobs.NAMES) == sorted(
+  assert sorted(jobs.JOBS) == sorted(
       os.path.basename(p)[:-3] for p in glob.glob(os.path.join(PACKAGE, "jobs", "*.py"))
       if os.path.basename(p)[:-3] not in ("__init__", "report"))
 

@@ -6,7 +6,6 @@ import pytest
 
 from bilinear_ir import scorers
 from bilinear_ir.errors import InputError
-from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 from bilinear_ir.train import losses
 
 N_DIM = 12

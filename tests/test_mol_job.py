@@ -18,7 +18,6 @@ from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.jobs import mol as mol_table
 from bilinear_ir.retrieval import ranking
-from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 from bilinear_ir.train import losses
 from bilinear_ir.train import trainer
 from conftest import REPO, random_prepared, write_beir

@@ -6,7 +6,6 @@ import pytest
 
 from bilinear_ir import scorers
 from bilinear_ir.retrieval import mol_topk as mt
-from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 
 # Appendix B, Table 6: items a..e, two components, K = 2.
 TABLE6_LOGITS = [[1.0, 1.0], [0.8, 0.0], [0.0, 0.8], [0.7, 0.0], [0.2, 0.2]]

@@ -25,7 +25,6 @@ from bilinear_ir.experiment import validation
 from bilinear_ir.export import faiss_index
 from bilinear_ir.retrieval import certified, exact, mol_topk, sharded
 from bilinear_ir.scorers import base as scorers_base
-from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 from bilinear_ir.train import trainer
 
 PRECISION = re.compile(r"precision = \[(\w+), (\w+)\]")

@@ -1,4 +1,7 @@
 """Scorer contract, Theorem 1 (inclusion + the 2-D tie example) and init-at-dot-product."""
+import importlib
+import pkgutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,6 +9,7 @@ import pytest
 
 from bilinear_ir import scorers
 from bilinear_ir.errors import InputError
+from bilinear_ir.scorers import registry
 
 N_DIM = 12
 CASES = [
@@ -130,3 +134,15 @@ def test_registry_rejects_unknown_names_and_options():
   module = scorers.build("lowrank", dim=4, rank=2, residual="full")
   with pytest.raises(InputError, match="model.residual"):
     scorers.init_params(module, jax.random.key(0))
+
+
+def test_the_table_holds_every_scorer_class_once():
+  """A family class that declares a `registry_name` but is missing from `SCORERS`, or two
+  classes with one name (the dict would keep only the last), fail here."""
+  modules = [importlib.import_module(f"bilinear_ir.scorers.{m.name}")
+             for m in pkgutil.iter_modules(scorers.__path__)]
+  declared = {cls for module in modules for cls in vars(module).values()
+              if isinstance(cls, type) and "registry_name" in vars(cls)}
+  assert len(declared) == 10
+  assert sorted(cls.registry_name for cls in declared) == scorers.names()
+  assert all(registry.SCORERS[cls.registry_name] is cls for cls in declared)

@@ -1,11 +1,9 @@
-"""Similarity scorers: pure Flax Linen modules, picked by name from a registry.
+"""Similarity scorers: pure Flax Linen modules, picked by name from one table (`registry`).
 
     module = scorers.build("lowrank", dim=384, rank=32, residual="identity")
     params = scorers.init_params(module, jax.random.key(config.seed))
     s = module.apply({"params": params}, q, docs, method=module.score_all)   # [B, N]
 """
-# Importing the family modules registers their scorers.
-from bilinear_ir.scorers import bilinear, dot, mol, multivector, token_interaction  # noqa: F401
-from bilinear_ir.scorers.registry import build, from_config, init_params, names, options, register
+from bilinear_ir.scorers.registry import build, from_config, init_params, names, options
 
-__all__ = ["build", "from_config", "init_params", "names", "options", "register"]
+__all__ = ["build", "from_config", "init_params", "names", "options"]

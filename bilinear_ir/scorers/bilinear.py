@@ -12,18 +12,17 @@ import jax.numpy as jnp
 
 from bilinear_ir.errors import require
 from bilinear_ir.scorers.base import TableScorer
-from bilinear_ir.scorers.registry import register
 
 RESIDUALS = ("none", "identity", "diag")
 LOWRANK_INITS = ("random", "orthogonal", "pca")
 
 
-@register("bilinear")
 class Bilinear(TableScorer):
   """Full bilinear `q^T W d`, `W` [n, n] initialised to the identity.
 
   Tables: q [B, n] unchanged; docs [N, n] -> `docs @ W.T` [N, n].
   """
+  registry_name = "bilinear"
 
   def setup(self):
     self.W = self.param("W", lambda key, shape: jnp.eye(shape[0], dtype=jnp.float32),
@@ -49,7 +48,6 @@ def _orthonormal(key: jax.Array, shape: tuple[int, int]) -> jnp.ndarray:
   return q * jnp.sign(jnp.diagonal(r))[None, :]
 
 
-@register("lowrank")
 class LowRank(TableScorer):
   """Low-rank bilinear `q^T (R + P Q^T) d` with P, Q [n, r] and residual R in {0, I, diag(v)}.
 
@@ -66,6 +64,8 @@ class LowRank(TableScorer):
 
   Tables: width r for "none" (`q P`, `d Q`); width n + r otherwise (`[q, q P]`, `[R d, d Q]`).
   """
+  registry_name = "lowrank"
+
   rank: int = 32
   residual: str = "none"
   factor_init: str = "orthogonal"

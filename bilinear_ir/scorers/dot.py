@@ -5,12 +5,11 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from bilinear_ir.scorers.base import TableScorer
-from bilinear_ir.scorers.registry import register
 
 
-@register("dot")
 class Dot(TableScorer):
   """Plain dot product `q^T d`; no parameters. Tables: q [B, n] and docs [N, n] unchanged."""
+  registry_name = "dot"
 
   def query_table(self, q: jnp.ndarray) -> jnp.ndarray:
     """q [B, n] -> [B, n]."""
@@ -21,12 +20,12 @@ class Dot(TableScorer):
     return docs
 
 
-@register("wdp")
 class WeightedDot(TableScorer):
   """Weighted dot product `q^T diag(v) d`, `v` [n] initialised to 1 (exactly the dot product).
 
   Tables: q [B, n] unchanged; docs [N, n] -> `docs * v` [N, n].
   """
+  registry_name = "wdp"
 
   def setup(self):
     self.v = self.param("v", nn.initializers.ones, (self.dim,), jnp.float32)

@@ -58,7 +58,6 @@ import jax.numpy as jnp
 
 from bilinear_ir.errors import input_error, require
 from bilinear_ir.scorers.multivector import l2_normalize, zero_padding
-from bilinear_ir.scorers.registry import register
 
 INPUTS = ("vector", "tokens")
 
@@ -154,7 +153,6 @@ class GatingMLP(nn.Module):
     return jax.nn.softmax(nn.Dense(self.num_logits, name="out")(h), axis=-1)
 
 
-@register("mol")
 class Mol(nn.Module):
   """Mixture-of-Logits over frozen embeddings (see the module docstring for the formulas).
 
@@ -172,6 +170,8 @@ class Mol(nn.Module):
     max_len: "tokens": the longest sequence the pooling layer accepts.
     example_len: "tokens": T of `example_inputs`.
   """
+  registry_name = "mol"
+
   dim: int
   p_q: int = 4
   p_x: int = 4

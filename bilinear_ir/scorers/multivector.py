@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from bilinear_ir.errors import require
-from bilinear_ir.scorers.registry import register
 
 QUERY_POOLS = ("cls", "mean")
 DOC_REDUCTIONS = ("first", "avgpool", "linear")
@@ -51,7 +50,6 @@ def zero_padding(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
   return jnp.where(mask[..., None], x, jnp.zeros((), x.dtype))
 
 
-@register("mebert")
 class MEBERT(nn.Module):
   """ME-BERT: query vector vs. the first m doc token vectors, score = max of the m dot products.
 
@@ -73,6 +71,8 @@ class MEBERT(nn.Module):
 
   Memory: `score_all` builds [B, N, m] scores (no [B, N, T] intermediate).
   """
+  registry_name = "mebert"
+
   dim: int
   num_vectors: int = 8
   proj_dim: int = 0

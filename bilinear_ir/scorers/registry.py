@@ -1,47 +1,43 @@
-"""Scorer registry: pick a similarity by name (as scenic's `model_lib` does).
+"""Scorer registry: pick a similarity by name from one table (as scenic's `model_lib` does).
 
-`build(name, dim=n, **kwargs)` returns an (unbound) Flax module, `from_config(config.model, n)`
-the one a `model` config block names; `init_params(module, key)` returns its initial parameters.
-Unknown names and unknown keyword arguments are `InputError`s, so a misspelt config value exits
-with code 2.
+`SCORERS` maps each family class's `registry_name` to the class. `build(name, dim=n, **kwargs)`
+returns an (unbound) Flax module, `from_config(config.model, n)` the one a `model` config block
+names; `init_params(module, key)` returns its initial parameters. Unknown names and unknown
+keyword arguments are `InputError`s, so a misspelt config value exits with code 2. (Jobs are
+looked up the same way: `jobs.JOBS`.)
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 
 from bilinear_ir.errors import input_error
+from bilinear_ir.scorers import bilinear
+from bilinear_ir.scorers import dot
+from bilinear_ir.scorers import mol
+from bilinear_ir.scorers import multivector
+from bilinear_ir.scorers import token_interaction
 
-_REGISTRY: dict[str, type[nn.Module]] = {}
-
-
-def register(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
-  """Class decorator adding a scorer under `name`."""
-
-  def wrap(cls: type[nn.Module]) -> type[nn.Module]:
-    if name in _REGISTRY:
-      raise ValueError(f"scorer {name!r} registered twice")
-    _REGISTRY[name] = cls
-    cls.registry_name = name
-    return cls
-
-  return wrap
+SCORERS: dict[str, type[nn.Module]] = {cls.registry_name: cls for cls in (
+    dot.Dot, dot.WeightedDot, bilinear.Bilinear, bilinear.LowRank, mol.Mol, multivector.MEBERT,
+    token_interaction.ColBERT, token_interaction.SeparableLITE, token_interaction.FlattenedLITE,
+    token_interaction.KNRM)}
 
 
 def names() -> list[str]:
   """Registered scorer names, sorted."""
-  return sorted(_REGISTRY)
+  return sorted(SCORERS)
 
 
 def options(name: str) -> list[str]:
   """The options scorer `name` takes besides `dim`, sorted (an unknown name: `InputError`)."""
-  if name not in _REGISTRY:
+  if name not in SCORERS:
     raise input_error(f"unknown scorer {name!r}; known: {', '.join(names())}", file="config",
                       field="model.scorer")
-  return sorted({f.name for f in dataclasses.fields(_REGISTRY[name])} - {"parent", "name", "dim"})
+  return sorted({f.name for f in dataclasses.fields(SCORERS[name])} - {"parent", "name", "dim"})
 
 
 def from_config(model_cfg: Any, dim: int) -> nn.Module:
@@ -71,7 +67,7 @@ def build(name: str, dim: int, **kwargs: Any) -> nn.Module:
   if unknown:
     raise input_error(f"scorer {name!r} has no option(s) {sorted(unknown)}; it takes {known}",
                       file="config", field="model")
-  return _REGISTRY[name](dim=dim, **kwargs)
+  return SCORERS[name](dim=dim, **kwargs)
 
 
 def init_params(module: nn.Module, key: jax.Array) -> Any:

@@ -39,7 +39,6 @@ import jax.numpy as jnp
 
 from bilinear_ir.errors import require
 from bilinear_ir.scorers.multivector import TokenReduction, example_token_inputs, l2_normalize
-from bilinear_ir.scorers.registry import register
 
 # KNRM kernels (Xiong et al., 2017; LITE paper A.5): mu = 0.9, 0.7, ..., -0.9 with sigma = 0.1,
 # and the exact-match kernel mu = 1.0 with sigma = 1e-3.
@@ -184,7 +183,6 @@ class LateInteraction(nn.Module):
     return out.T
 
 
-@register("colbert")
 class ColBERT(LateInteraction):
   """ColBERT sum-max: s = sum over real query tokens i of max over real doc tokens j of S_ij.
 
@@ -203,6 +201,8 @@ class ColBERT(LateInteraction):
     normalize: L2-normalise query and doc tokens (after projection): S holds cosines.
     topk: k, doc tokens aligned per query token.
   """
+  registry_name = "colbert"
+
   normalize: bool = False
   topk: int = 1
 
@@ -229,7 +229,6 @@ class ColBERT(LateInteraction):
     return jnp.sum(jnp.where(q_mask, best, 0.0), axis=-1)
 
 
-@register("lite")
 class SeparableLITE(LateInteraction):
   """Separable LITE, eq. (3)-(4) of the LITE paper, on S [L1, L2] (L1 = Tq, L2 = L2'):
 
@@ -251,6 +250,8 @@ class SeparableLITE(LateInteraction):
     m1: hidden width of the column MLP (over the L1 query positions).
     m2: hidden width of the row MLP (over the L2' doc positions).
   """
+  registry_name = "lite"
+
   m1: int = 360
   m2: int = 2400
 
@@ -289,7 +290,6 @@ class SeparableLITE(LateInteraction):
     return jnp.einsum("...ij,ij->...", x, p["w"])
 
 
-@register("lite_flat")
 class FlattenedLITE(LateInteraction):
   """Flattened LITE: a two-layer ReLU network on vec(S), score = a^T ReLU(W vec(S) + b).
 
@@ -299,6 +299,8 @@ class FlattenedLITE(LateInteraction):
   Attributes:
     width: hidden units of the MLP.
   """
+  registry_name = "lite_flat"
+
   width: int = 1024
 
   fixed_length = True
@@ -343,13 +345,13 @@ def knrm_features(s: jnp.ndarray, q_mask: jnp.ndarray, d_mask: jnp.ndarray) -> j
   return jnp.sum(jnp.where(q_mask[..., None], logk, 0.0), axis=-2)
 
 
-@register("knrm")
 class KNRM(LateInteraction):
   """KNRM: score = w^T phi(S) on cosine similarities (`knrm_features`), only w [11] trained.
 
   mu, sigma are fixed (LITE paper A.5). No tanh and no bias on the output (a bias does not change
   a ranking or the losses here). w starts ~ N(0, 0.01^2).
   """
+  registry_name = "knrm"
 
   unit_tokens = True
 
