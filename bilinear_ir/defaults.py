@@ -198,7 +198,7 @@ def encoder_config() -> ml_collections.ConfigDict:
 
 
 def bm25_config() -> ml_collections.ConfigDict:
-  """The project's BM25 (bilinear_ir.data.sparse.BM25) for baselines, negatives, candidates.
+  """The project's BM25 (bilinear_ir.data.bm25.BM25) for baselines, negatives, candidates.
 
   Fields:
     k1, b, variant: BM25 parameters ("lucene" is bm25s's default scoring).

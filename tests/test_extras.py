@@ -10,7 +10,7 @@ import pytest
 
 from bilinear_ir import defaults
 from bilinear_ir import scorers
-from bilinear_ir.data import sparse
+from bilinear_ir.data import bm25
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import validation
 from bilinear_ir.export import faiss_index
@@ -46,10 +46,10 @@ def test_tensorboard_names_the_tb_extra(monkeypatch, tmp_path):
 
 def test_stemmer_names_the_stem_extra(monkeypatch):
   _hide(monkeypatch, "Stemmer")
-  sparse._stemmer.cache_clear()  # pylint: disable=protected-access
+  bm25._stemmer.cache_clear()  # pylint: disable=protected-access
   with pytest.raises(InputError, match=r"stemmer needs PyStemmer.*\[stem\]"):
-    sparse.Tokenizer(kind="bm25s", stemmer="english")(["cells"])
-  sparse._stemmer.cache_clear()  # pylint: disable=protected-access
+    bm25.Tokenizer(kind="bm25s", stemmer="english")(["cells"])
+  bm25._stemmer.cache_clear()  # pylint: disable=protected-access
 
 
 def test_tfds_builder_names_the_tfds_extra(monkeypatch):

@@ -10,10 +10,10 @@ import sys
 import numpy as np
 import pytest
 
+from bilinear_ir.data import bm25
 from bilinear_ir.data.collection import Collection
 from bilinear_ir.errors import InputError
 from bilinear_ir.jobs import fidelity_bm25
-from bilinear_ir.data import sparse
 from bilinear_ir.fidelity import theory
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
@@ -63,7 +63,7 @@ def _config(**over):
   return c
 
 
-def _brute_min_margin(model: sparse.SparseModel, queries: list[str]) -> float:
+def _brute_min_margin(model: bm25.SparseModel, queries: list[str]) -> float:
   q = model.query_vectors(queries).toarray()
   d = model.doc_vectors.toarray()
   best = np.inf
@@ -84,9 +84,9 @@ def test_job_on_a_collection():
   res = fidelity_bm25.run_on(config, col).results
   grid = list(config.k_grid)
   queries = [col.queries[q] for q in sorted(col.queries)]
-  tok = sparse.Tokenizer()
-  for name, model in (("bm25", sparse.BM25(variant="gensim", tokenizer=tok)),
-                      ("boolean", sparse.Boolean(tok))):
+  tok = bm25.Tokenizer()
+  for name, model in (("bm25", bm25.BM25(variant="gensim", tokenizer=tok)),
+                      ("boolean", bm25.Boolean(tok))):
     assert res["min_margin"][name] == pytest.approx(
         _brute_min_margin(model.fit(col.doc_strings()), queries), rel=1e-9)
   f2 = res["fig2"]

@@ -15,9 +15,9 @@ import pytest
 import scipy.sparse as sp
 import scipy.stats
 
+from bilinear_ir.data import bm25
 from bilinear_ir.fidelity import experiments
 from bilinear_ir.fidelity import projections
-from bilinear_ir.data import sparse
 from bilinear_ir.fidelity import theory
 
 BETA = 0.05
@@ -125,7 +125,7 @@ REAL_QUERIES = ["insulin resistance in muscle", "p53 and tumour growth",
 
 
 def test_lemma1_real_bm25_triples_through_the_job_code():
-  model = sparse.BM25(tokenizer=sparse.Tokenizer(stemmer="english")).fit(REAL_DOCS)
+  model = bm25.BM25(tokenizer=bm25.Tokenizer(stemmer="english")).fit(REAL_DOCS)
   qv = model.query_vectors(REAL_QUERIES)
   scores = model.score(REAL_QUERIES)
   d1 = np.argmax(scores, axis=1)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import Stemmer
 
+from bilinear_ir.data import bm25
 from bilinear_ir.errors import InputError
-from bilinear_ir.data import sparse
 
 WORDS = ("The Cells cell running runs ran protein proteins of and in a x DNA gene genes "
          "expression Expressed mouse mice! tumour tumor, growth (growth) factor receptor "
@@ -42,7 +42,7 @@ def test_bm25_equals_bm25s(method, k1, b, stem):
   docs, queries = _corpus(0)
   stemmer = Stemmer.Stemmer(stem) if stem else None
   expected = _bm25s_scores(docs, queries, method, k1, b, stemmer)
-  model = sparse.BM25(k1=k1, b=b, variant=method, tokenizer=sparse.Tokenizer(stemmer=stem))
+  model = bm25.BM25(k1=k1, b=b, variant=method, tokenizer=bm25.Tokenizer(stemmer=stem))
   got = model.fit(docs).score(queries)
   assert got.shape == (len(queries), len(docs))
   assert np.count_nonzero(expected) > 100
@@ -55,13 +55,13 @@ def test_bm25s_tokenizer_mirrored():
   for stem in ("", "english"):
     expected = bm25s.tokenize(texts, return_ids=False, show_progress=False,
                               stemmer=Stemmer.Stemmer(stem) if stem else None)
-    assert sparse.Tokenizer(stemmer=stem)(texts) == [list(t) for t in expected]
+    assert bm25.Tokenizer(stemmer=stem)(texts) == [list(t) for t in expected]
 
 
 def test_regex_and_wordpiece_tokenizers():
-  assert sparse.Tokenizer(kind="regex")(["A b-C, d"]) == [["a", "b", "c", "d"]]
-  assert sparse.Tokenizer(kind="regex", pattern=r"\S+")(["A b-C, d"]) == [["a", "b-c,", "d"]]
-  wp = sparse.Tokenizer(kind="wordpiece")
+  assert bm25.Tokenizer(kind="regex")(["A b-C, d"]) == [["a", "b", "c", "d"]]
+  assert bm25.Tokenizer(kind="regex", pattern=r"\S+")(["A b-C, d"]) == [["a", "b-c,", "d"]]
+  wp = bm25.Tokenizer(kind="wordpiece")
   upper, lower = wp(["Tumour GROWTH factors", "tumour growth factors"])
   assert upper == lower  # case-insensitive wordpieces
   assert "##" in "".join(upper) and "[CLS]" not in upper
@@ -74,11 +74,11 @@ def test_wordpiece_equals_bert_tokenizer_fast(tmp_path):
   ref = transformers.BertTokenizerFast.from_pretrained(minilm_dir())
   want = [ref.tokenize(t) for t in texts]
   assert len(want[0]) > 300  # longer than the model's 256/512: no truncation either way
-  assert sparse.Tokenizer(kind="wordpiece")(texts) == want
+  assert bm25.Tokenizer(kind="wordpiece")(texts) == want
   vocab_only = tmp_path / "bert"  # a folder with only vocab.txt
   vocab_only.mkdir()
   shutil.copy(os.path.join(minilm_dir(), "vocab.txt"), vocab_only / "vocab.txt")
-  assert sparse.Tokenizer(kind="wordpiece", model_dir=str(vocab_only))(texts) == want
+  assert bm25.Tokenizer(kind="wordpiece", model_dir=str(vocab_only))(texts) == want
 
 
 def _gensim_direct(docs_tokens, query_tokens, k1=1.5, b=0.75, epsilon=0.25):
@@ -101,8 +101,8 @@ def _gensim_direct(docs_tokens, query_tokens, k1=1.5, b=0.75, epsilon=0.25):
 def test_gensim_variant_equals_direct_formula():
   docs, queries = _corpus(1)
   docs = docs + ["cell cell cell"] * 40  # "cell" in > half the docs: negative raw idf, floored
-  tok = sparse.Tokenizer(kind="regex")
-  model = sparse.BM25(variant="gensim", tokenizer=tok).fit(docs)
+  tok = bm25.Tokenizer(kind="regex")
+  model = bm25.BM25(variant="gensim", tokenizer=tok).fit(docs)
   assert np.any(np.log(model.num_docs - model.df + 0.5) < np.log(model.df + 0.5))
   expected = _gensim_direct(tok(docs), tok(queries))
   np.testing.assert_allclose(model.score(queries), expected, rtol=1e-12, atol=1e-12)
@@ -119,45 +119,45 @@ def _dense_counts(tokens, vocab):
 
 def test_tfidf_and_boolean_equal_numpy_formulas():
   docs, queries = _corpus(2)
-  tok = sparse.Tokenizer()
+  tok = bm25.Tokenizer()
   vocab = {t: i for i, t in enumerate(sorted({t for d in tok(docs) for t in d}))}
   d = _dense_counts(tok(docs), vocab)
   q = _dense_counts(tok(queries), vocab)
   idf = np.log(len(docs) / (d > 0).sum(0))
-  tfidf = sparse.TFIDF(tok).fit(docs).score(queries)
+  tfidf = bm25.TFIDF(tok).fit(docs).score(queries)
   np.testing.assert_allclose(tfidf, (q * idf) @ d.T, rtol=1e-12)
-  boolean = sparse.Boolean(tok).fit(docs).score(queries)
+  boolean = bm25.Boolean(tok).fit(docs).score(queries)
   np.testing.assert_array_equal(boolean, (q > 0).astype(float) @ (d > 0).T.astype(float))
   assert boolean.max() >= 2
 
 
 def test_topk_ties_lower_index_first():
   docs = ["alpha beta", "gamma", "alpha beta", "alpha", "alpha beta", "delta"]
-  model = sparse.BM25().fit(docs)
+  model = bm25.BM25().fit(docs)
   idx, scores = model.topk(["alpha beta", "gamma"], k=4)
   assert idx[0].tolist() == [0, 2, 4, 3]
   assert scores[0, 0] == scores[0, 1] == scores[0, 2] > scores[0, 3] > 0
   assert idx[1].tolist() == [1, 0, 2, 3]  # one hit, then zero-score ties by index
   full = model.score(["alpha beta", "gamma"])
   np.testing.assert_array_equal(scores, np.take_along_axis(full, idx, 1))
-  idx_all, _ = sparse.top_k(full, 10)  # k > N: every doc, stable order
+  idx_all, _ = bm25.top_k(full, 10)  # k > N: every doc, stable order
   np.testing.assert_array_equal(idx_all, np.argsort(-full, axis=1, kind="stable"))
 
 
 def test_topk_matches_full_sort_on_random_scores():
   rng = np.random.default_rng(3)
   scores = rng.integers(0, 5, size=(7, 50)).astype(float)  # many ties
-  idx, vals = sparse.top_k(scores, 9)
+  idx, vals = bm25.top_k(scores, 9)
   np.testing.assert_array_equal(idx, np.argsort(-scores, axis=1, kind="stable")[:, :9])
   np.testing.assert_array_equal(vals, np.take_along_axis(scores, idx, 1))
 
 
 def test_bad_settings_raise_input_error():
   with pytest.raises(InputError, match="bm25.variant"):
-    sparse.BM25(variant="okapi")
+    bm25.BM25(variant="okapi")
   with pytest.raises(InputError, match="tokenizer.kind"):
-    sparse.Tokenizer(kind="spaces")
+    bm25.Tokenizer(kind="spaces")
   with pytest.raises(InputError, match="empty"):
-    sparse.BM25().fit(["a the", "of"])
+    bm25.BM25().fit(["a the", "of"])
   with pytest.raises(InputError, match="weighting"):
-    sparse.build("bm26")
+    bm25.build("bm26")

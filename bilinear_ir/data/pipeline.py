@@ -13,12 +13,12 @@ import itertools
 import ml_collections
 import numpy as np
 
+from bilinear_ir.data import bm25
 from bilinear_ir.data import collection as collection_lib
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import ict
 from bilinear_ir.data import loaders
 from bilinear_ir.data import precomputed
-from bilinear_ir.data import sparse
 from bilinear_ir.data.batches import TrainSet, hard_negative_pool
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import require
@@ -87,8 +87,8 @@ class Prepared:
 def bm25_ranking(collection: collection_lib.Collection, query_ids: list[str],
                  cfg: ml_collections.ConfigDict):
   """BM25 top-`depth` of each query: (idx [Q, depth], scores [Q, depth], fitted model)."""
-  model = sparse.BM25(k1=cfg.k1, b=cfg.b, variant=cfg.variant,
-                      tokenizer=sparse.Tokenizer(kind="bm25s", stemmer=cfg.stemmer))
+  model = bm25.BM25(k1=cfg.k1, b=cfg.b, variant=cfg.variant,
+                      tokenizer=bm25.Tokenizer(kind="bm25s", stemmer=cfg.stemmer))
   model.fit(collection.doc_strings())
   depth = min(int(cfg.depth), collection.num_docs)
   idx, scores = model.topk([collection.queries[q] for q in query_ids], depth)

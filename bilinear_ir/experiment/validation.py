@@ -17,11 +17,11 @@ import jax
 
 from bilinear_ir import defaults
 from bilinear_ir import scorers
+from bilinear_ir.data import bm25
 from bilinear_ir.data import embeddings
 from bilinear_ir.data import ict
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
-from bilinear_ir.data import sparse
 from bilinear_ir.errors import InputError
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import missing_extra
@@ -161,7 +161,7 @@ def check_bm25(c, prefix: str = "bm25") -> None:
   """The `bm25` block."""
   real(c.k1, f"{prefix}.k1", 0.0)
   real(c.b, f"{prefix}.b", 0.0, 1.0)
-  one_of(c.variant, sparse.BM25_VARIANTS, f"{prefix}.variant")
+  one_of(c.variant, bm25.BM25_VARIANTS, f"{prefix}.variant")
   integer(c.depth, f"{prefix}.depth", 1)
 
 

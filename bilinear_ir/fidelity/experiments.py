@@ -4,7 +4,7 @@
 (bilinear_ir/jobs/fidelity_bm25.py draws the figures and the table).
 
 Two query sets over one collection (default SciFact), BM25 vectors q~, d~ from
-`data.sparse` (paper setting: lowercased wordpieces, gensim BM25 k1 = 1.5, b = 0.75,
+`data.bm25` (paper setting: lowercased wordpieces, gensim BM25 k1 = 1.5, b = 0.75,
 epsilon = 0.25), projected by Rademacher (or Gaussian) matrices A [k, V] from
 `fidelity.projections`, one fresh A per trial and per collection:
 
@@ -57,7 +57,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.stats
 
-from bilinear_ir.data import sparse
+from bilinear_ir.data import bm25 as bm25_lib
 from bilinear_ir.data.collection import Collection
 from bilinear_ir.errors import input_error
 from bilinear_ir.fidelity import projections
@@ -70,14 +70,14 @@ TIE = 1e-12  # normalized margins at or below this are ties
 # Exact (unprojected) side.
 
 
-def _tokenizer(config) -> sparse.Tokenizer:
+def _tokenizer(config) -> bm25_lib.Tokenizer:
   t = config.tokenizer
-  return sparse.Tokenizer(kind=t.kind, stemmer=t.stemmer, model_dir=t.model_dir)
+  return bm25_lib.Tokenizer(kind=t.kind, stemmer=t.stemmer, model_dir=t.model_dir)
 
 
-def _bm25(config, tokenizer) -> sparse.BM25:
+def _bm25(config, tokenizer) -> bm25_lib.BM25:
   b = config.bm25
-  return sparse.BM25(k1=b.k1, b=b.b, variant=b.variant, epsilon=b.epsilon, tokenizer=tokenizer)
+  return bm25_lib.BM25(k1=b.k1, b=b.b, variant=b.variant, epsilon=b.epsilon, tokenizer=tokenizer)
 
 
 def _first_argmax(scores: np.ndarray) -> np.ndarray:
@@ -152,7 +152,7 @@ def _claims(config, collection: Collection, tokenizer, rng
   d1 = _first_argmax(scores)
   margins = theory.normalized_margins(qv, dv, d1, scores=scores)  # [Q, N]
 
-  boolean = sparse.Boolean(tokenizer).fit_tokens(tokens)
+  boolean = bm25_lib.Boolean(tokenizer).fit_tokens(tokens)
   bq = boolean.query_vectors(texts)
   bscores = np.asarray((bq @ boolean.doc_vectors.T).todense())
   bkeep = np.flatnonzero(bscores.max(axis=1) > 0)

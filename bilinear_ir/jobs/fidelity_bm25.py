@@ -11,8 +11,8 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from bilinear_ir.data import bm25
 from bilinear_ir.data import loaders
-from bilinear_ir.data import sparse
 from bilinear_ir.data.collection import Collection
 from bilinear_ir.errors import require
 from bilinear_ir.fidelity import experiments
@@ -25,8 +25,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   """Refuses a bad config before any work (InputError naming the field)."""
   validation.integer(config.seed, "seed", 0)
   validation.check_data(config.data)
-  validation.one_of(config.tokenizer.kind, sparse.TOKENIZER_KINDS, "tokenizer.kind")
-  validation.one_of(config.bm25.variant, sparse.BM25_VARIANTS, "bm25.variant")
+  validation.one_of(config.tokenizer.kind, bm25.TOKENIZER_KINDS, "tokenizer.kind")
+  validation.one_of(config.bm25.variant, bm25.BM25_VARIANTS, "bm25.variant")
   validation.real(config.bm25.k1, "bm25.k1", 0.0)
   validation.real(config.bm25.b, "bm25.b", 0.0, 1.0)
   validation.one_of(config.projection.kind, projections.KINDS, "projection.kind")

@@ -1,4 +1,5 @@
-"""Bag-of-words rankers as inner products: boolean, TF-IDF and BM25 (paper 002, section 2.1.3).
+"""BM25, the project's lexical ranker, and the other bag-of-words rankers (boolean, TF-IDF), each
+an inner product of sparse vectors (paper 002, section 2.1.3).
 
 Each model turns queries into q~ [Q, V] and documents into d~ [N, V] (scipy CSR, float64) such
 that `score(q, d) = <q~, d~>`. V is the vocabulary of the fitted documents; query tokens outside
