@@ -37,9 +37,9 @@ import time
 import jax
 import numpy as np
 
-from bilinear_ir import defaults
 from bilinear_ir import files
 from bilinear_ir import timing
+from bilinear_ir.config import blocks
 from bilinear_ir.data import embeddings
 from bilinear_ir.data import loaders
 from bilinear_ir.encoders import base
@@ -129,7 +129,7 @@ def main() -> None:
   transformers.logging.set_verbosity_error()
   transformers.utils.logging.disable_progress_bar()
 
-  collection = loaders.load(defaults.data_config())
+  collection = loaders.load(blocks.data_config())
   claims = [collection.queries[q] for q in sorted(collection.queries)]
   texts = collection.doc_strings()[:args.texts] + claims[:args.texts]
   cache_dir = embeddings.resolve_cache_dir(args.cache_dir)

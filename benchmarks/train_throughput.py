@@ -72,11 +72,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from bilinear_ir import allocator, files, scorers
+from bilinear_ir import allocator, files, scorers, timing
+from bilinear_ir.config import blocks
 from bilinear_ir.data.batches import BatchSampler, TrainSet
 from bilinear_ir.train import trainer
-from bilinear_ir import timing
-from bilinear_ir import defaults
 
 CASES = {"bilinear": {}, "lowrank": {"rank": 32, "residual": "none"}}
 
@@ -100,7 +99,7 @@ def corpus(n: int, num_docs: int, num_queries: int, seed: int
 def train_cfg(batch: int, steps: int, per_call: int | None = None) -> ml_collections.ConfigDict:
   """The trainer's defaults with the benchmark's batch: softmax, in-batch + 1 random negative,
   and a fixed temperature (0.05) that the PyTorch loop applies the same way."""
-  cfg = defaults.train_config()
+  cfg = blocks.train_config()
   cfg.batch_size, cfg.steps = batch, steps
   if per_call is not None:
     cfg.steps_per_call = per_call

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import ml_collections
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: `format=FORMAT,path=PATH` (defaults: the embedded SciFact)."""
-  args = defaults.parse_args(arg, {"format": "scifact", "path": ""})
+  args = arguments.parse_args(arg, {"format": "scifact", "path": ""})
   c = ml_collections.ConfigDict()
   c.job = "collection_stats"  # bilinear_ir.data.loaders:stats_job
   c.seed = 0  # unused by this job; every config carries one
   # Which collection: format "scifact" | "beir" | "msmarco" | "trec" | "insuranceqa"; path "" =
   # embedded SciFact (scifact) or the installed package's files (insuranceqa).
-  c.data = defaults.data_config()
+  c.data = blocks.data_config()
   c.data.format = args["format"]
   c.data.path = args["path"]
   return c

@@ -13,24 +13,25 @@ prompt.
 """
 from ml_collections import ConfigDict
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 
 def get_config(arg=None):
-  a = defaults.parse_args(arg, {"encoder": "", "pooling": "mean", "normalize": "",
-                                "max_length": 0})
+  a = arguments.parse_args(arg, {"encoder": "", "pooling": "mean", "normalize": "",
+                                 "max_length": 0})
   c = ConfigDict()
   c.job = "embed"
   c.seed = 0                         # unused (encoding is deterministic); every config has one
-  c.data = defaults.data_config()    # which collection (default: the embedded SciFact)
-  c.encoder = defaults.encoder_config()
+  c.data = blocks.data_config()      # which collection (default: the embedded SciFact)
+  c.encoder = blocks.encoder_config()
   c.encoder.model = a["encoder"]
   if a["pooling"]:
     c.encoder.pooling = a["pooling"]
-    c.encoder.normalize = defaults.optional_bool(a["normalize"], "normalize",
-                                                a["pooling"] == "mean")
+    c.encoder.normalize = arguments.optional_bool(a["normalize"], "normalize",
+                                                 a["pooling"] == "mean")
   elif a["normalize"]:
-    c.encoder.normalize = defaults.optional_bool(a["normalize"], "normalize", False)
+    c.encoder.normalize = arguments.optional_bool(a["normalize"], "normalize", False)
   if a["max_length"]:
     c.encoder.max_length = a["max_length"]
   c.distributed = False

@@ -15,17 +15,18 @@ of `data`'s collection; needs the `faiss` extra; `--config.data.format=beir
 """
 from ml_collections import ConfigDict
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 
 def get_config(arg=None):
-  a = defaults.parse_args(arg, {"model_dir": "", "format": "sentence-transformers"})
+  a = arguments.parse_args(arg, {"model_dir": "", "format": "sentence-transformers"})
   c = ConfigDict()
   c.job = "export"
   c.seed = 0                       # unused (the export is deterministic); every config has one
   c.model_dir = a["model_dir"]     # the saved model (config.json + model.safetensors)
   c.format = a["format"]           # sentence-transformers | head | faiss
-  c.data = defaults.data_config()  # format faiss: the collection whose docs are indexed
+  c.data = blocks.data_config()    # format faiss: the collection whose docs are indexed
   c.encoder = ConfigDict()         # where the encoder's cache (and all-mpnet-base-v2) live
   c.encoder.cache_dir = ""         # "" = $BILINEAR_IR_CACHE or ~/.cache/bilinear_ir
   c.distributed = False

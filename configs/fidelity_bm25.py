@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 # The paper's grid: 40 values from 32 to 9472 (32, 64, 128, then multiples of 256).
 PAPER_K_GRID = (32, 64, 128) + tuple(256 * j for j in range(1, 38))
@@ -22,12 +23,12 @@ PAPER_K_GRID = (32, 64, 128) + tuple(256 * j for j in range(1, 38))
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The fidelity job's config (see the module docstring for arguments)."""
-  args = defaults.parse_args(arg, {"tiny": False, "seed": 0, "trials": 20, "kind": "rademacher"})
+  args = arguments.parse_args(arg, {"tiny": False, "seed": 0, "trials": 20, "kind": "rademacher"})
   c = ml_collections.ConfigDict()
   c.job = "fidelity_bm25"
   c.seed = args["seed"]  # triple/query sampling (numpy) and projections (jax.random) derive from it
   c.distributed = False  # True: main calls jax.distributed.initialize() (multi-host launch)
-  c.data = defaults.data_config()  # the collection; the claims of data.split are the queries
+  c.data = blocks.data_config()    # the collection; the claims of data.split are the queries
 
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.kind = "wordpiece"  # paper: case-insensitive wordpieces; or "bm25s", "regex"

@@ -14,23 +14,24 @@ distillation — a smoke run on the real data).
 """
 from ml_collections import ConfigDict
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 
 def get_config(arg=None):
-  a = defaults.parse_args(arg, {"seed": 0, "steps": 100, "td": 128, "distill": True,
-                              "quick": False})
+  a = arguments.parse_args(arg, {"seed": 0, "steps": 100, "td": 128, "distill": True,
+                               "quick": False})
   c = ConfigDict()
   c.job = "late_interaction"
   c.seed = a["seed"]                 # splits, inits, batches, random candidates
-  c.data = defaults.data_config()          # the shipped SciFact: train (dev carved out), test
-  c.encoder = defaults.encoder_config()    # all-MiniLM-L6-v2: pooled (DE) + token outputs
+  c.data = blocks.data_config()            # the shipped SciFact: train (dev carved out), test
+  c.encoder = blocks.encoder_config()      # all-MiniLM-L6-v2: pooled (DE) + token outputs
   c.encoder.query_max_length = 32    # Tq query tokens (12% of SciFact claims are longer)
   # Td doc tokens. SciFact abstracts have a median of 316 tokens (98% are cut at 128, 91% at 180,
   # 71% at 256); the token cache is 509 MB at 128 (float16), 716 MB at 180, 1.02 GB at 256, and
   # every late-interaction scorer's cost grows linearly in Td: 128 keeps the job near 15 min.
   c.encoder.doc_max_length = a["td"]
-  c.bm25 = defaults.bm25_config()             # candidates, hard negatives, BM25 teacher, hybrid
+  c.bm25 = blocks.bm25_config()               # candidates, hard negatives, BM25 teacher, hybrid
   c.rerank = ConfigDict()
   c.rerank.bm25_depth = 100          # BM25 candidates per query
   c.rerank.random_docs = 100         # + random docs from the rest of the corpus (seeded)
@@ -49,7 +50,7 @@ def get_config(arg=None):
       "lite_flat": {"scorer": "lite_flat", "width": 256},
       "knrm": {"scorer": "knrm"},
   })
-  c.train = defaults.train_config()   # shared recipe of the trained rows (cross entropy)
+  c.train = blocks.train_config()     # shared recipe of the trained rows (cross entropy)
   c.train.loss = "softmax"
   c.train.auto_temperature = True    # temperature = 0.1 x std of the initial scores
   c.train.temperature = 0.1
@@ -69,16 +70,16 @@ def get_config(arg=None):
   c.distill.teacher = "best"         # "bm25", "bilinear" or "best" (higher dev select_metric)
   c.distill.teacher_temperature = 0.3  # x the teacher's score std over BM25 top-100 lists
   c.teacher = ConfigDict()           # the bilinear teacher on pooled mean embeddings
-  c.teacher.model = defaults.model_config()
+  c.teacher.model = blocks.model_config()
   c.teacher.model.scorer = "bilinear"
-  c.teacher.train = defaults.train_config()  # the reproduce_table recipe
+  c.teacher.train = blocks.train_config()    # the reproduce_table recipe
   c.teacher.train.auto_temperature = True
   c.teacher.train.temperature = 0.1
   c.teacher.train.batch_size = 128
   c.teacher.train.epochs = 40
   c.teacher.train.eval_every = 25
-  c.hybrid = defaults.hybrid_config()  # lam grid, min-max normalisation, dev measure
-  c.eval = defaults.eval_config()     # measures (and the teacher's own full-ranking evaluation)
+  c.hybrid = blocks.hybrid_config()    # lam grid, min-max normalisation, dev measure
+  c.eval = blocks.eval_config()       # measures (and the teacher's own full-ranking evaluation)
   c.storage = ConfigDict()
   c.storage.dtype = "float16"        # stored doc vectors (as the token cache); bytes_per_doc
   c.storage.doc_tokens = (100, 50, 32)      # L2' rows of the storage table

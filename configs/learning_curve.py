@@ -20,11 +20,12 @@ dev-selected one, is always added), ranks (of the residual I + P Q^T rows), max_
 """
 from ml_collections import ConfigDict
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 
 def get_config(arg=None):
-  a = defaults.parse_args(arg, {"collection": "insuranceqa",
+  a = arguments.parse_args(arg, {"collection": "insuranceqa",
                                 "embeddings": ("mean", "cls", "mpnet-mean"), "seeds": (0, 1, 2),
                                 "sizes": (100, 300, 1000, 3000, 12889),
                                 "models": ("wdp", "lowrank", "bilinear", "mol"),
@@ -40,7 +41,7 @@ def get_config(arg=None):
   c.models = a["models"] if not quick else ("wdp", "lowrank")
   c.ranks = a["ranks"] if not quick else (32,)
   # data, encoder, bm25, model, train, hybrid, eval, stats: the bilinear table's recipe.
-  defaults.table_recipe(c)
+  blocks.table_recipe(c)
   # Training length per subset: the recipe's `train.epochs` over the subset's judged pairs, at
   # most `max_steps` steps, with `evals` dev evaluations spread over the run (step 0, the
   # untrained model, is one of them: selection can keep it).
@@ -51,7 +52,7 @@ def get_config(arg=None):
   if c.collection == "insuranceqa":
     c.train.negatives_from = "dataset"
   # The MoL rows: configs/mol.py's model (P = 4, d_P = 64, L_MI 0.001) and its training changes.
-  c.mol = defaults.mol_row()
-  c.mol_train = defaults.mol_train()
+  c.mol = blocks.mol_row()
+  c.mol_train = blocks.mol_train()
   c.distributed = False
   return c

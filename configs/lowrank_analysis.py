@@ -16,18 +16,19 @@ Args (after `:`, comma separated): seeds (`seeds=0+1`), ranks (`ranks=8+32+96`),
 """
 from ml_collections import ConfigDict
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 
 def get_config(arg=None):
-  a = defaults.parse_args(arg, {"seeds": (0,), "embeddings": ("mean", "cls"),
-                              "ranks": (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384)})
-  t = defaults.table_recipe(ConfigDict())  # the bilinear table's recipe
+  a = arguments.parse_args(arg, {"seeds": (0,), "embeddings": ("mean", "cls"),
+                               "ranks": (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384)})
+  t = blocks.table_recipe(ConfigDict())    # the bilinear table's recipe
   c = ConfigDict()
   c.job = "lowrank_analysis"
   c.seed = 0                      # splits (dev carve-out), as the table
   c.seeds = a["seeds"]            # training seeds of the full W; curves are averaged over them
-  c.embeddings = a["embeddings"]  # names of defaults.EMBEDDINGS ("mean", "cls", ...)
+  c.embeddings = a["embeddings"]  # names of config.embedding_specs.EMBEDDINGS ("mean", "cls", ...)
   # Ranks r of the truncation W_r evaluated; ranks > n are dropped and r = n (W_r = W, the
   # sanity row) and the spectrum-selected ranks are always added.
   c.ranks = a["ranks"]

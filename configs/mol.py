@@ -16,19 +16,20 @@ can also be set with `--config.FIELD=VALUE`.
 """
 from ml_collections import ConfigDict
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 
 def get_config(arg=None):
-  a = defaults.parse_args(arg, {"seeds": (0, 1, 2), "components": (4,),
-                              "mi_weights": (0.001, 0.0), "embeddings": ("mean", "cls"),
-                              "d_p": 64, "baselines": ("wdp", "bilinear"), "quick": False})
-  t = defaults.table_recipe(ConfigDict())  # the bilinear table's recipe
+  a = arguments.parse_args(arg, {"seeds": (0, 1, 2), "components": (4,),
+                               "mi_weights": (0.001, 0.0), "embeddings": ("mean", "cls"),
+                               "d_p": 64, "baselines": ("wdp", "bilinear"), "quick": False})
+  t = blocks.table_recipe(ConfigDict())    # the bilinear table's recipe
   c = ConfigDict()
   c.job = "mol"
   c.seed = 0                      # splits (dev carve-out); each model also runs every seed
   c.seeds = a["seeds"] if not a["quick"] else (0,)
-  c.embeddings = a["embeddings"] if not a["quick"] else ("mean",)  # defaults.EMBEDDINGS
+  c.embeddings = a["embeddings"] if not a["quick"] else ("mean",)  # embedding_specs
   c.baselines = tuple(b for b in a["baselines"] if b != "none")  # trained comparison rows
   c.components = a["components"] if not a["quick"] else (4,)     # P_q = P_x values
   c.mi_weights = a["mi_weights"]  # alpha of L_MI per MoL row (paper: 0.001; 0 = none)

@@ -23,11 +23,12 @@ training questions) is r = 32 + 128 residual only, no ICT rows, the MoL row, and
 """
 from ml_collections import ConfigDict
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 
 def get_config(arg=None):
-  a = defaults.parse_args(arg, {"collection": "", "seeds": (0, 1, 2), "ranks": (0,),
+  a = arguments.parse_args(arg, {"collection": "", "seeds": (0, 1, 2), "ranks": (0,),
                               "embeddings": ("mean", "cls"), "residuals": (), "sources": (),
                               "source_rows": ("bilinear", "lowrank_r32_identity"),
                               "mol": "", "max_steps": 2000, "quick": False})
@@ -42,7 +43,7 @@ def get_config(arg=None):
   c.collection = a["collection"]   # "" or an entry of experiment.spec.collection_block
   c.seed = 0                       # splits (dev carve-out); each model also runs every seed
   c.seeds = a["seeds"] if not a["quick"] else (0,)
-  c.embeddings = a["embeddings"]   # "mean" and/or "cls" (defaults.EMBEDDINGS)
+  c.embeddings = a["embeddings"]   # "mean" and/or "cls" (embedding_specs.EMBEDDINGS)
   c.ranks = ranks if not a["quick"] else (2, 32, 128)
   c.residuals = residuals if not a["quick"] else ("none",)
   # The rows (`source_rows`, names as the models/ folders) trained again on other pairs:
@@ -50,12 +51,12 @@ def get_config(arg=None):
   c.sources = sources if not a["quick"] else ()
   c.source_rows = a["source_rows"]
   # data, encoder, bm25, model, train (+ per-embedding train_overrides), hybrid, eval: the
-  # table's recipe (see defaults.table_recipe for each block's role).
-  defaults.table_recipe(c)
+  # table's recipe (see blocks.table_recipe for each block's role).
+  blocks.table_recipe(c)
   # The MoL row (configs/mol.py's model and its training changes), after full bilinear.
-  c.mol = defaults.optional_bool(a["mol"], "mol", iqa)
-  c.mol_row = defaults.mol_row()
-  c.mol_train = defaults.mol_train()
+  c.mol = arguments.optional_bool(a["mol"], "mol", iqa)
+  c.mol_row = blocks.mol_row()
+  c.mol_train = blocks.mol_train()
   if iqa:  # the question's listed negatives; a run capped at max_steps (evaluated 10 times)
     c.train.negatives_from = "dataset"
     c.train.steps = a["max_steps"]

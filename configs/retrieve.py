@@ -18,13 +18,14 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: `model_dir=DIR,k=K,dtype=DTYPE,sharded=BOOL`."""
-  a = defaults.parse_args(arg, {"model_dir": "", "k": 1000, "dtype": "float32",
-                              "sharded": False})
+  a = arguments.parse_args(arg, {"model_dir": "", "k": 1000, "dtype": "float32",
+                               "sharded": False})
   c = ml_collections.ConfigDict()
   c.job = "retrieve"             # bilinear_ir/jobs/retrieve.py
   c.seed = 0                     # unused (retrieval is deterministic); every config carries one
@@ -32,14 +33,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model_dir = a["model_dir"]
   # Which collection, and `split`: whose queries are ranked (and evaluated, when it has qrels);
   # "" = every query of the collection (run only, no metrics).
-  c.data = defaults.data_config()
+  c.data = blocks.data_config()
   # The frozen encoder. kind, path, model, pooling, normalize, max_length
-  # (defaults.ENCODER_FIELDS) default to None = the saved model's values (the embeddings it was
+  # (blocks.ENCODER_FIELDS) default to None = the saved model's values (the embeddings it was
   # trained on; without a model, the encoder_config() defaults); a value set here that differs
   # from the model's is an error.
   # batch_size and cache_dir do not change the numbers and are taken from here.
-  c.encoder = defaults.encoder_config()
-  for field in defaults.ENCODER_FIELDS:
+  c.encoder = blocks.encoder_config()
+  for field in blocks.ENCODER_FIELDS:
     if c.encoder[field] is not None:  # pooling, normalize, max_length are None already
       c.encoder[field] = config_dict.placeholder(type(c.encoder[field]))
   c.index_dir = ""               # the doc-table index; "" = WORKDIR/index

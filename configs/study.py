@@ -7,7 +7,7 @@ embeddings=mean+cls,seeds=0+1+2 --workdir=runs/study
 
 Args (after `:`, comma separated; lists joined by `+`): collections (scifact, cacm, med, lisa:
 shipped with the package; insuranceqa: read from the package insuranceqa-data 1.2, the `iqa`
-extra; or a BEIR folder or zip), embeddings (names of defaults.EMBEDDINGS:
+extra; or a BEIR folder or zip), embeddings (names of embedding_specs.EMBEDDINGS:
 mean, cls, mpnet-mean, mpnet-cls; or precomputed:DIR), seeds, folds (K of the cross-validation
 of test-only collections), ranks (of the residual low-rank rows), models (wdp, bilinear,
 lowrank), ict_rows (e.g. bilinear+lowrank_r32: also trained on ICT pairs), quick (bool: one
@@ -15,15 +15,16 @@ seed, 3 folds, scifact + med, mean only: a smoke run).
 """
 from ml_collections import ConfigDict
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
+from bilinear_ir.config import blocks
 
 
 def get_config(arg=None):
-  a = defaults.parse_args(arg, {"collections": ("scifact", "cacm", "med", "lisa"),
-                                "embeddings": ("mean", "cls"), "seeds": (0, 1, 2), "folds": 5,
-                                "ranks": (8, 32, 128),
-                                "models": ("wdp", "bilinear", "lowrank"),
-                                "ict_rows": ("bilinear", "lowrank_r32"), "quick": False})
+  a = arguments.parse_args(arg, {"collections": ("scifact", "cacm", "med", "lisa"),
+                                 "embeddings": ("mean", "cls"), "seeds": (0, 1, 2), "folds": 5,
+                                 "ranks": (8, 32, 128),
+                                 "models": ("wdp", "bilinear", "lowrank"),
+                                 "ict_rows": ("bilinear", "lowrank_r32"), "quick": False})
   c = ConfigDict()
   c.job = "study"
   c.seed = 0                        # splits and folds (dev carve-outs), statistics' resampling
@@ -37,9 +38,9 @@ def get_config(arg=None):
   # cloze): rows "<name>_ict", evaluated on every query, no folds (no query is trained on).
   c.ict_rows = a["ict_rows"] if not a["quick"] else ()
   # data, encoder, bm25, model, train (+ per-embedding train_overrides), hybrid, eval: the
-  # bilinear table's recipe (defaults.table_recipe). With only ~30-50 judged queries, a fifth of
+  # bilinear table's recipe (blocks.table_recipe). With only ~30-50 judged queries, a fifth of
   # each training fold is held out as dev (0.1 would leave 3-4 queries to select on).
-  defaults.table_recipe(c)
+  blocks.table_recipe(c)
   c.data.dev_fraction = 0.2
   c.distributed = False
   return c

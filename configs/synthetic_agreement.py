@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import ml_collections
 
-from bilinear_ir import defaults
+from bilinear_ir.config import arguments
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The synthetic agreement job's config (see the module docstring for arguments)."""
-  args = defaults.parse_args(arg, {"tiny": False, "seed": 0, "n": 10})
+  args = arguments.parse_args(arg, {"tiny": False, "seed": 0, "n": 10})
   c = ml_collections.ConfigDict()
   c.job = "synthetic_agreement"
   c.seed = args["seed"]  # every random choice (test set, training data, inits) derives from it

@@ -3,13 +3,14 @@
 The parts of `bilinear_ir` form layers, and a part imports only parts in layers below its own:
 
   main -> jobs -> experiment -> synthetic -> export -> {train, retrieval, fidelity} -> data
-  -> {encoders, scorers, eval, lowrank} -> {errors, files, allocator, defaults, progress, timing}
+  -> {encoders, scorers, eval, lowrank} -> {errors, files, allocator, config, progress, timing}
 
 So the jobs say what runs and the experiment protocol (`experiment/`: training with dev
 selection, rows, comparisons, evaluation, the re-ranking setting) sits between them and the
 libraries, none of which may import it. A job never imports another job, function-local imports
 are only of optional third-party packages, and a config file imports only `ml_collections` and
-`bilinear_ir.defaults` (so loading one imports neither jax nor flax: checked in a fresh process).
+the modules of `bilinear_ir.config` (its blocks, argument parsing and embedding specs; so loading
+one imports neither jax nor flax: checked in a fresh process).
 """
 import ast
 import glob
@@ -25,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "bilinear_ir")
 
 LAYERS = (
-    ("errors", "files", "allocator", "defaults", "progress", "timing"),
+    ("errors", "files", "allocator", "config", "progress", "timing"),
     ("encoders", "scorers", "eval", "lowrank"),
     ("data",),
     ("train", "retrieval", "fidelity"),
@@ -37,7 +38,7 @@ LAYERS = (
 )
 LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 # The bottom layer's modules may import each other only in this order (each the ones before it).
-BOTTOM_ORDER = ("errors", "files", "allocator", "defaults", "progress", "timing")
+BOTTOM_ORDER = ("errors", "files", "allocator", "config", "progress", "timing")
 # Optional third-party packages (extras or heavy plotting) that may be imported inside functions.
 OPTIONAL = ("faiss", "torch", "Stemmer", "matplotlib", "tensorboardX", "tensorflow_datasets",
             "sentence_transformers", "transformers", "huggingface_hub", "array_record", "etils")
@@ -181,18 +182,24 @@ CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
-def test_config_imports_only_ml_collections_and_defaults(path):
-  allowed = {"__future__", "ml_collections", "ml_collections.config_dict", "bilinear_ir",
-             "bilinear_ir.defaults"}
+def test_config_imports_only_ml_collections_and_the_config_package(path):
+  config_modules = {m for m in MODULES if m.split(".")[:2] == ["bilinear_ir", "config"]}
+  assert config_modules >= {"bilinear_ir.config.arguments", "bilinear_ir.config.blocks",
+                            "bilinear_ir.config.embedding_specs"}
+  allowed = {"__future__", "__future__.annotations", "ml_collections", "ml_collections.ConfigDict",
+             "ml_collections.config_dict", "bilinear_ir.config", *config_modules}
   names = {n for n, _, _ in _imports(path, "configs.x")}
-  names -= {f"{b}.{a}" for b in ("__future__",) for a in ("annotations",)}
-  names -= {"ml_collections.ConfigDict", "ml_collections.config_dict", "bilinear_ir.defaults"}
   assert names <= allowed, f"{os.path.basename(path)} imports {sorted(names - allowed)}"
 
 
 def test_every_config_loads_without_jax_or_flax():
+  """Every config file, and every module of `bilinear_ir.config` they may import, in a fresh
+  process: none of them pulls in jax, flax, optax or orbax."""
+  config_modules = sorted(m for m in MODULES if m.split(".")[:2] == ["bilinear_ir", "config"])
   code = (
-      "import importlib.util, sys\n"
+      "import importlib, importlib.util, sys\n"
+      f"for name in {config_modules!r}:\n"
+      "  importlib.import_module(name)\n"
       f"paths = {CONFIGS!r}\n"
       "for p in paths:\n"
       "  spec = importlib.util.spec_from_file_location('cfg', p)\n"

@@ -16,7 +16,7 @@ import pytest
 from bilinear_ir import files
 from bilinear_ir.data import embeddings
 from bilinear_ir.data.collection import Collection
-from bilinear_ir.defaults import encoder_config
+from bilinear_ir.config.blocks import encoder_config
 from bilinear_ir.encoders import hf_folder
 from bilinear_ir.encoders import names
 from bilinear_ir.errors import InputError

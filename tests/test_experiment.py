@@ -6,7 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bilinear_ir import defaults
+from bilinear_ir.config import blocks
+from bilinear_ir.config import embedding_specs
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import compare
@@ -16,7 +17,7 @@ from bilinear_ir.jobs import report
 
 
 def _config():
-  c = defaults.table_recipe(ml_collections.ConfigDict())
+  c = blocks.table_recipe(ml_collections.ConfigDict())
   c.seed = 7
   c.embeddings = ("mean", "cls")
   c.train_overrides = {"mean": {}, "cls": {"lr": 0.5}}
@@ -32,7 +33,7 @@ def test_a_row_holds_its_own_blocks_and_leaves_the_config_alone():
   assert c.to_dict() == before  # nothing written back
   assert (row.model.scorer, row.model.rank, row.model.residual) == ("lowrank", 4, "identity")
   assert (row.train.source, row.train.steps, row.train.lr, row.seed) == ("ict", 5, 0.5, 3)
-  assert recipe.encoder.pooling == defaults.embedding_spec("cls")["pooling"]
+  assert recipe.encoder.pooling == embedding_specs.embedding_spec("cls")["pooling"]
   assert recipe.train.lr == 0.5 and spec_lib.Recipe.of(c, "mean").train.lr == c.train.lr
   # None options and the row's name are not model options; the row is frozen.
   plain = recipe.row({"scorer": "dot", "rank": None}, seed=0)

@@ -7,8 +7,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bilinear_ir import defaults
 from bilinear_ir import scorers
+from bilinear_ir.config import blocks
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
@@ -29,7 +29,7 @@ def setup(tmp_path_factory):
 
 
 def ml_config(beir, model, cache):
-  c = defaults.table_recipe(ml_collections.ConfigDict())
+  c = blocks.table_recipe(ml_collections.ConfigDict())
   c.seed = 0
   c.data.format, c.data.path = "beir", beir
   c.encoder.model, c.encoder.cache_dir, c.encoder.max_length = model, cache, 24
@@ -50,7 +50,7 @@ def _train(setup, spec):
 
 def _export(path, fmt, out, config=None):
   c = ml_collections.ConfigDict({"model_dir": path, "format": fmt, "encoder": {"cache_dir": ""},
-                                 "data": config.data if config else defaults.data_config()})
+                                 "data": config.data if config else blocks.data_config()})
   export_job.validate(c)
   rep = export_job.run(c, out)
   rep.folders["export"](out)

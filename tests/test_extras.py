@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from bilinear_ir import defaults
 from bilinear_ir import scorers
+from bilinear_ir.config import blocks
 from bilinear_ir.data import bm25
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import validation
@@ -37,7 +37,7 @@ def test_tensorboard_names_the_tb_extra(monkeypatch, tmp_path):
   _hide(monkeypatch, "tensorboardX")
   with pytest.raises(InputError, match=r"train.tensorboard needs tensorboardX.*\[tb\]"):
     trainer._writer(str(tmp_path))  # pylint: disable=protected-access
-  c = defaults.train_config()
+  c = blocks.train_config()
   c.tensorboard = True
   monkeypatch.setattr(validation.importlib.util, "find_spec", lambda name: None)
   with pytest.raises(InputError, match=r"\[tb\]"):

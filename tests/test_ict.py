@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from bilinear_ir import defaults
+from bilinear_ir.config import blocks
 from bilinear_ir.data import ict
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import spec as spec_lib
@@ -23,7 +23,7 @@ DOCS = [" ".join(f"w{d}_{i}" for i in range(n)) for d, n in enumerate([3, 8, 30,
 
 
 def _cfg(**changes):
-  c = defaults.ict_config()
+  c = blocks.ict_config()
   for k, v in changes.items():
     c[k] = v
   return c
@@ -94,7 +94,7 @@ def test_only(tmp_path_factory):
   root = tmp_path_factory.mktemp("ict")
   beir = write_beir(str(root / "beir"), num_docs=40, num_queries=14, seed=5, splits=("test",))
   bert = write_model(str(root / "bert"), "bert", seed=2)
-  c = defaults.table_recipe(__import__("ml_collections").ConfigDict())
+  c = blocks.table_recipe(__import__("ml_collections").ConfigDict())
   c.seed = 0
   c.data.format, c.data.path = "beir", beir
   c.encoder.model, c.encoder.cache_dir, c.encoder.max_length = bert, str(root / "cache"), 24

@@ -22,8 +22,8 @@ from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import insuranceqa
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
-from bilinear_ir.defaults import data_config
-from bilinear_ir.defaults import train_config
+from bilinear_ir.config.blocks import data_config
+from bilinear_ir.config.blocks import train_config
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from bilinear_ir import scorers
+from bilinear_ir.config import blocks
 from bilinear_ir.data.batches import TrainSet
 from bilinear_ir.errors import InputError
 from bilinear_ir.jobs import late_interaction as job
 from bilinear_ir.retrieval import candidates
 from bilinear_ir.train import trainer
-from bilinear_ir import defaults
 from conftest import REPO, write_beir
 
 
@@ -131,7 +131,7 @@ def test_distillation_pulls_the_student_toward_the_teacher():
   acc = lambda p: float(np.mean(np.asarray(module.apply(
       {"params": p}, qs[250:], docs, method=module.score_all)).argmax(1) == best[250:]))
   ts = TrainSet(np.stack([np.arange(250), best[:250]], 1), 250, n_docs)
-  cfg = defaults.train_config()
+  cfg = blocks.train_config()
   cfg.loss, cfg.steps, cfg.batch_size, cfg.lr = "margin_mse", 300, 32, 3e-2
   cfg.hard_negatives, cfg.random_negatives, cfg.teacher_temperature = 0, 4, float(teacher.std())
   res = trainer.fit(module, params, qs[:250], docs, ts, cfg, seed=0, progress=False,
@@ -145,7 +145,7 @@ def test_fit_refuses_missing_or_misshaped_teachers():
   ts = TrainSet(np.array([[0, 1], [1, 2], [2, 3], [3, 4]]), 4, 6)
   module = scorers.build("wdp", dim=3)
   params = scorers.init_params(module, jax.random.key(0))
-  cfg = defaults.train_config()
+  cfg = blocks.train_config()
   cfg.steps, cfg.hard_negatives = 1, 0
   for loss, teacher in (("kl", None), ("margin_mse", np.zeros((4, 5))),
                         ("softmax", np.zeros((4, 6)))):

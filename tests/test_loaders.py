@@ -18,7 +18,7 @@ import pytest
 from bilinear_ir.data import loaders
 from bilinear_ir.data import msmarco
 from bilinear_ir.data import scifact as scifact_lib
-from bilinear_ir.defaults import data_config
+from bilinear_ir.config.blocks import data_config
 from bilinear_ir.errors import InputError
 from bilinear_ir.jobs import collection_stats
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from bilinear_ir import defaults
+from bilinear_ir.config import blocks
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import evaluate
@@ -14,9 +14,9 @@ from conftest import write_beir
 def setting(tmp_path_factory):
   folder = write_beir(str(tmp_path_factory.mktemp("pool") / "c"), num_docs=40, num_queries=24,
                       seed=5)
-  data = defaults.data_config()
+  data = blocks.data_config()
   data.format, data.path = "beir", folder
-  prepared = random_prepared(data, defaults.bm25_config(), dim=8, seed=2)
+  prepared = random_prepared(data, blocks.bm25_config(), dim=8, seed=2)
   coll = prepared.collection
   rng = np.random.default_rng(0)
   test = pipeline.Split("test", coll.split_query_ids("test"), coll.qrels["test"])

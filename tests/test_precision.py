@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bilinear_ir import defaults, lowrank, scorers
+from bilinear_ir import lowrank, scorers
+from bilinear_ir.config import blocks
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import validation
 from bilinear_ir.export import faiss_index
@@ -201,7 +202,7 @@ def test_train_matmul_precision_reaches_the_compiled_step():
 
 
 def test_train_matmul_precision_is_validated():
-  c = defaults.train_config()
+  c = blocks.train_config()
   assert c.matmul_precision == "default"
   validation.check_train(c)
   c.matmul_precision = "fp8"

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from bilinear_ir import defaults
+from bilinear_ir.config import blocks
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.data import precomputed
@@ -28,7 +28,7 @@ def beir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def collection(beir):
-  c = defaults.data_config()
+  c = blocks.data_config()
   c.format, c.path = "beir", beir
   return loaders.load(c)
 
@@ -93,7 +93,7 @@ def test_float16_rows_are_read_as_float32(collection, shuffled, tmp_path):
 
 def test_pipeline_embed_dispatches_on_kind(collection, shuffled):
   folder, _, _ = shuffled
-  enc = defaults.encoder_config()
+  enc = blocks.encoder_config()
   enc.kind, enc.path, enc.normalize = "precomputed", folder, False
   emb = pipeline.embed(collection, enc)
   assert emb.docs.shape == (collection.num_docs, DIM) and emb.manifest["kind"] == "precomputed"

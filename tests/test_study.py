@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from bilinear_ir import defaults
+from bilinear_ir.config import blocks
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import metrics
@@ -65,7 +65,7 @@ def test_rows_cover_every_model_and_every_query_once(study_run):
 def test_dot_and_bm25_rows_equal_a_direct_evaluation(study_run):
   config, res = study_run
   c = spec_lib.collection_block(config.data, config.collections[1])
-  cfg = defaults.encoder_config()
+  cfg = blocks.encoder_config()
   cfg.max_length, cfg.cache_dir = 32, config.encoder.cache_dir
   coll = loaders.load(c)
   emb = pipeline.embed(coll, cfg)

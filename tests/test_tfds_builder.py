@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 from bilinear_ir.data import loaders
 from bilinear_ir.data import tfds_builder
 from bilinear_ir.data.collection import Collection
-from bilinear_ir.defaults import data_config
+from bilinear_ir.config.blocks import data_config
 from bilinear_ir.errors import InputError
 
 

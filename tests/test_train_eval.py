@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from bilinear_ir import defaults
+from bilinear_ir.config import blocks
 from bilinear_ir.eval import metrics, trec
 from bilinear_ir.export import saved_model
 from conftest import REPO, write_beir
@@ -133,10 +133,10 @@ def test_saved_model_reloads_and_scores_like_the_run(tmp_path, beir, tiny_bert_d
   assert proc.returncode == 0, proc.stderr[-2000:]
   module, params, meta = saved_model.load_model(str(w / "model"))
   assert meta["scorer"] == "lowrank" and meta["options"]["rank"] == 4 and meta["dim"] == 32
-  data = defaults.data_config()
+  data = blocks.data_config()
   data.format, data.path = "beir", beir
   coll = loaders.load(data)
-  enc = defaults.encoder_config()
+  enc = blocks.encoder_config()
   for key, value in meta["embedding"].items():
     enc[key] = value
   enc.cache_dir = str(tmp_path / "cache")

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from bilinear_ir import scorers
+from bilinear_ir.config import blocks
 from bilinear_ir.data.batches import BatchSampler, TrainSet, hard_negative_pool
 from bilinear_ir.errors import InputError
 from bilinear_ir.train import trainer
-from bilinear_ir import defaults
 
 
 def _planted(seed=0, n=16, N=300, Q=560):
@@ -27,7 +27,7 @@ def _accuracy(module, params, qs, docs, best):
 
 
 def _cfg(**kw):
-  cfg = defaults.train_config()
+  cfg = blocks.train_config()
   cfg.steps, cfg.batch_size, cfg.lr, cfg.temperature = 400, 64, 3e-2, 1.0
   cfg.hard_negatives, cfg.random_negatives, cfg.eval_every = 0, 2, 100
   cfg.select_metric = "acc"

@@ -350,7 +350,7 @@ def encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, pref
 
   Args:
     texts: [N] strings.
-    encoder_cfg: the `encoder` config block (`defaults.encoder_config()`).
+    encoder_cfg: the `encoder` config block (`config.blocks.encoder_config()`).
     prefix: a prompt put before every text (e.g. `encoder_cfg.query_prompt`).
     devices: the devices to shard batches over (default: all local devices).
     desc: progress bar label.

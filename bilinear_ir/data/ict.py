@@ -80,7 +80,7 @@ def sample(doc_texts: list[str], cfg, seed: int) -> Pairs:
 
   Args:
     doc_texts: [N] the docs' texts (title + text).
-    cfg: the `train.ict` block (`defaults.ict_config()`): query, min_words, max_words,
+    cfg: the `train.ict` block (`config.blocks.ict_config()`): query, min_words, max_words,
       remove_prob, pairs_per_doc, dev_docs.
     seed: the config seed.
 

@@ -50,7 +50,7 @@ def load(data_config) -> Collection:
   """Loads and validates the collection named by a `data` config block.
 
   Args:
-    data_config: `config.data` (see `defaults.data_config`): `format` and `path` ("": the
+    data_config: `config.data` (see `config.blocks.data_config`): `format` and `path` ("": the
       copy `DEFAULT_PATHS` names).
 
   Returns:

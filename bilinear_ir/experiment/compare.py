@@ -32,7 +32,7 @@ def add_paired(rows: list[dict[str, Any]], per_query: list[dict[str, float]], ba
     baseline: row index -> the index of the row it is compared with, or None (no comparison),
       e.g. `against(...)`.
     field: where the comparison goes ("vs_dot", "vs_bm25").
-    config: has `seed` and `stats` (`defaults.stats_config()`).
+    config: has `seed` and `stats` (`config.blocks.stats_config()`).
 
   Returns:
     The comparisons (one family, Holm-adjusted).

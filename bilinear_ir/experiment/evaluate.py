@@ -80,7 +80,7 @@ def evaluate_hybrid(module: nn.Module, params: Any, prepared, dev, test, cfg,
     module, params: the dense scorer.
     prepared: `data.pipeline.Prepared` (embeddings, BM25 rankings and model).
     dev, test: `data.pipeline.Split`s.
-    cfg: `defaults.hybrid_config()`.
+    cfg: `config.blocks.hybrid_config()`.
 
   Returns:
     (test metrics `{"mean", "per_query"}`, the chosen lam, the test run).
@@ -114,7 +114,7 @@ def tune_on_dev(dev_cands: hybrid.Candidates, dev, cands: Sequence[hybrid.Candid
     dev: the dev `data.pipeline.Split` (query ids and qrels of those rows).
     cands: the candidates [Q_s, U_s] of each split to rank.
     doc_ids: [N] doc ids.
-    cfg: `defaults.hybrid_config()` (measure, grid, normalize).
+    cfg: `config.blocks.hybrid_config()` (measure, grid, normalize).
 
   Returns:
     (lam, [(idx [Q_s, U_s], scores [Q_s, U_s])] per entry of `cands`).

@@ -203,7 +203,7 @@ def hybrid(setting: Setting, scored: Scored, cfg, docs: np.ndarray
 
   Args:
     scored: the dense row's re-ranking.
-    cfg: `defaults.hybrid_config()`.
+    cfg: `config.blocks.hybrid_config()`.
     docs: [K] doc rows of the latency call (`latency_inputs`).
 
   Returns:

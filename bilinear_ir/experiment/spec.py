@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping
 
 import ml_collections
 
-from bilinear_ir import defaults
+from bilinear_ir.config import embedding_specs
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 
@@ -27,8 +27,8 @@ class Row:
   """One trained (or untrained) row: everything `experiment.training.train_and_evaluate` reads.
 
   Attributes:
-    model: the `model` block (scorer and its options; `defaults.model_config`).
-    train: the `train` block (`defaults.train_config`), with the row's overrides.
+    model: the `model` block (scorer and its options; `config.blocks.model_config`).
+    train: the `train` block (`config.blocks.train_config`), with the row's overrides.
     eval: the `eval` block (mode, depth, measures).
     encoder: the `encoder` block (read for pairs the corpus makes itself, `train.source`).
     seed: the row's seed (init, batches).
@@ -50,7 +50,7 @@ class Recipe:
   """A table's recipe for one embedding.
 
   Attributes:
-    name: the embedding's name (`defaults.embedding_spec`), "" for the config's own encoder.
+    name: the embedding's name (`embedding_specs.embedding_spec`), "" for the config's own encoder.
     model, train, eval, encoder, data: the blocks rows start from (train with the embedding's
       `train_overrides`, encoder with its `embedding_spec`).
     seed: the config seed (splits, the untrained baseline).
@@ -66,10 +66,10 @@ class Recipe:
   @classmethod
   def of(cls, config: ml_collections.ConfigDict, name: str,
          data: ml_collections.ConfigDict | None = None) -> Recipe:
-    """The recipe of embedding `name`: the encoder of `defaults.embedding_spec(name)` and the
+    """The recipe of embedding `name`: the encoder of `embedding_specs.embedding_spec(name)` and the
     `config.train_overrides[name]` ("": the config's own encoder and train blocks), on `data`
     (default `config.data`)."""
-    encoder = _changed(config.encoder, defaults.embedding_spec(name) if name else {})
+    encoder = _changed(config.encoder, embedding_specs.embedding_spec(name) if name else {})
     train = _changed(config.train, config.train_overrides.get(name, {}) if name else {})
     return cls(name, config.model, train, config.eval, encoder,
                config.data if data is None else data, config.seed)

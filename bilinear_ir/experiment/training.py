@@ -66,7 +66,7 @@ class TrainingData:
 
 def training_data(row: spec.Row, prepared: pipeline.Prepared,
                   splitset: pipeline.SplitSet) -> TrainingData:
-  """The training pairs of `row.train.source` (see `defaults.train_config`).
+  """The training pairs of `row.train.source` (see `config.blocks.train_config`).
 
   "qrels": the judged pairs of `splitset.train`, selected on `splitset.dev`. "ict": pairs the
   corpus makes itself (`pipeline.ict_set`); no judgement is read, and the model is selected on

@@ -2,7 +2,7 @@
 
 A bad value is an `InputError` naming the field (`config: field 'train.batch_size': must be an
 integer >= 1, got 0`), which `main` turns into exit code 2 and one line on stderr with nothing
-written. Each `check_<block>(c, prefix)` checks one block of `bilinear_ir.defaults`; `prefix` is
+written. Each `check_<block>(c, prefix)` checks one block of `config.blocks`; `prefix` is
 where the block sits in the config (`"train"`, `"teacher.train"`).
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import jax
 
-from bilinear_ir import defaults
 from bilinear_ir import scorers
+from bilinear_ir.config import embedding_specs
 from bilinear_ir.data import bm25
 from bilinear_ir.data import embeddings
 from bilinear_ir.data import ict
@@ -88,12 +88,12 @@ def seeds(values: Any, field: str = "seeds") -> None:
 
 
 def embedding_names(names: Any, field: str = "embeddings") -> None:
-  """Embedding names (`defaults.embedding_spec`: "mean", "cls", "mpnet-mean", ...,
+  """Embedding names (`embedding_specs.embedding_spec`: "mean", "cls", "mpnet-mean", ...,
   "precomputed:DIR" with an existing DIR)."""
   require(isinstance(names, (tuple, list)) and len(names) > 0,
           f"must be a non-empty list, got {names!r}", field=field)
   for name in names:
-    spec = defaults.embedding_spec(name)
+    spec = embedding_specs.embedding_spec(name)
     if spec["kind"] == "precomputed":
       require(os.path.isdir(spec["path"]), f"no such folder of precomputed embeddings: "
               f"{spec['path']!r}", field=field)
@@ -177,7 +177,7 @@ def check_model(c, prefix: str = "model") -> None:
 
 
 def check_train(c, prefix: str = "train") -> None:
-  """The `train` block (see `defaults.train_config` for each field)."""
+  """The `train` block (see `config.blocks.train_config` for each field)."""
   f = lambda key: f"{prefix}.{key}"
   one_of(c.get("source", "qrels"), ("qrels", "ict", "both"), f("source"))
   if "ict" in c:
@@ -252,7 +252,7 @@ def check_hybrid(c, prefix: str = "hybrid") -> None:
 
 def check_table(config, *, hybrid_block: bool = True) -> None:
   """What the table-style jobs share: seeds, embeddings, and the recipe blocks of
-  `defaults.table_recipe` (data, encoder, bm25, model, train and its per-embedding overrides,
+  `config.blocks.table_recipe` (data, encoder, bm25, model, train and its per-embedding overrides,
   eval, hybrid)."""
   seeds(config.seeds)
   embedding_names(config.embeddings)
@@ -263,7 +263,7 @@ def check_table(config, *, hybrid_block: bool = True) -> None:
   check_train(config.train)
   check_source(config)
   for name, changes in config.train_overrides.items():
-    defaults.embedding_spec(name)  # a known embedding name
+    embedding_specs.embedding_spec(name)  # a known embedding name
     with_overrides = config.train.copy_and_resolve_references()
     for key, value in dict(changes).items():
       require(key in with_overrides, f"train has no field {key!r}",

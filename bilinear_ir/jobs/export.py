@@ -20,8 +20,8 @@ import os
 import ml_collections
 import numpy as np
 
-from bilinear_ir import defaults
 from bilinear_ir import files
+from bilinear_ir.config import blocks
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
@@ -53,7 +53,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 
 def _encoder_config(settings: dict, cache_dir: str) -> ml_collections.ConfigDict:
-  c = defaults.encoder_config()
+  c = blocks.encoder_config()
   for key, value in settings.items():
     if key in c:
       c[key] = value

@@ -1,7 +1,7 @@
 """The `lowrank_analysis` job: SVD truncation of a trained full bilinear W (paper 000, section 5).
 
-For each frozen embedding of the bilinear table (`defaults.EMBEDDINGS`) and each training seed,
-the full bilinear `W` [n, n] is trained with the table's recipe (`config.train` +
+For each frozen embedding of the bilinear table (`embedding_specs.EMBEDDINGS`) and each training
+seed, the full bilinear `W` [n, n] is trained with the table's recipe (`config.train` +
 `config.train_overrides`, selected on the dev split carved out of train) and then only analysed:
 
   * its spectrum sigma_1 >= ... >= sigma_n (Fig. 1c);
@@ -27,9 +27,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from bilinear_ir import defaults
 from bilinear_ir import lowrank
 from bilinear_ir import progress
+from bilinear_ir.config import embedding_specs
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
@@ -91,7 +91,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     per_seed = [truncation.analyze(W, prepared, splitset, config, ranks, seed)
                 for seed, W, _ in trained]
     res = truncation.summarize(per_seed, ranks, selections, config)
-    spec = defaults.embedding_spec(emb_name)
+    spec = embedding_specs.embedding_spec(emb_name)
     res.update(pooling=spec.get("pooling"), normalize=spec["normalize"], seeds=list(config.seeds),
                best_steps=[b for _, _, b in trained],
                distance_from_identity=truncation.mean([
@@ -164,7 +164,8 @@ def markdown(results: dict[str, Any], config) -> str:
                      else f"{pw['error_over_bound_mean']:.3g}",
                      "-" if pw["error_over_bound_max"] is None
                      else f"{pw['error_over_bound_max']:.3g}"])
-    out.append(f"\n## {emb}: {defaults.describe_embedding(emb, config.encoder.model)}, n = {n}\n\n")
+    what = embedding_specs.describe_embedding(emb, config.encoder.model)
+    out.append(f"\n## {emb}: {what}, n = {n}\n\n")
     out.append(report.markdown_table(rows, header))
     sel = e["rank_selection"]
     srows = [[f"spectrum: {s['criterion']} {s['target']:g}", s["rank"], f"{s['dev']:.4f}",

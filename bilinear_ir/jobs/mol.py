@@ -1,6 +1,6 @@
 """The Mixture-of-Logits job (paper 003) on one collection: MoL next to the bilinear table's rows.
 
-For each frozen embedding of the bilinear table (`defaults.EMBEDDINGS`: "mean" normalised,
+For each frozen embedding of the bilinear table (`embedding_specs.EMBEDDINGS`: "mean" normalised,
 "cls" unnormalised), on the same collection, train / dev / test split and measures:
 
   * comparison rows trained with the table's recipe (`config.train` + `config.train_overrides`):
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from bilinear_ir import defaults
 from bilinear_ir import progress
+from bilinear_ir.config import embedding_specs
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import approximate
 from bilinear_ir.experiment import rows as rows_lib
@@ -185,7 +185,7 @@ def markdown(rows: list[dict[str, Any]], retrieval: list[dict[str, Any]],
     body = [[label(r)] + _cells(r, measures) + [f"{r['unseen_docs'][m0]:.4f}"]
             + ([f"{r['gate_entropy']:.3f} / {r['gate_cond_entropy']:.3f}"]
                if r["scorer"] == "mol" else ["-"]) for r in mine]
-    what = defaults.describe_embedding(emb, config.encoder.model)
+    what = embedding_specs.describe_embedding(emb, config.encoder.model)
     out.append(f"\n## {emb}: {what} ({len(config.seeds)} "
                f"seed{'s' if len(config.seeds) > 1 else ''}, test split)\n\n")
     out.append(report.markdown_table(

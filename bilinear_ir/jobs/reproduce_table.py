@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from bilinear_ir import defaults
 from bilinear_ir import progress
+from bilinear_ir.config import embedding_specs
 from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
 from bilinear_ir.eval import trec
@@ -189,7 +189,7 @@ def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int]) 
                 report.fmt_paired(r.get("vs_bm25"), config.stats.alpha, ci=False)]
       table.append(cells)
     n = len(config.seeds)
-    what = defaults.describe_embedding(emb, config.encoder.model)
+    what = embedding_specs.describe_embedding(emb, config.encoder.model)
     out.append(f"\n## {emb}: {what} ({n} seed{'s' * (n > 1)})\n\n")
     out.append(report.markdown_table(
         table, ["model"] + measures + ["P@1 own pool"] * ("p_at_1_pool" in rows[0]["metrics"])

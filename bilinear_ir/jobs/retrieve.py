@@ -2,11 +2,12 @@
 
     python -m bilinear_ir.main --config=configs/retrieve.py:model_dir=W/model --workdir=OUT
 
-Steps: load the model written by `train_eval` (`export.saved_model.load_model`; `model_dir=""` is the
-parameter-free dot product), the collection of `config.data` and its embeddings by the encoder the
-model was trained with; open the `DocIndex` under `config.index_dir` if it was built by this
-scorer, params, dtype and doc embeddings (else rebuild it); run the queries of `data.split`
-through `query_table` and exact top-k; return `run.trec` and, for a judged split, the metrics.
+Steps: load the model written by `train_eval` (`export.saved_model.load_model`; `model_dir=""` is
+the parameter-free dot product), the collection of `config.data` and its embeddings by the
+encoder the model was trained with; open the `DocIndex` under `config.index_dir` if it was built
+by this scorer, params, dtype and doc embeddings (else rebuild it); run the queries of
+`data.split` through `query_table` and exact top-k; return `run.trec` and, for a judged split,
+the metrics.
 
 Index reuse (`retrieval.serving.open_or_build`): `DocIndex` checks scorer, params hash and dtype,
 and `source.json` next to the manifest holds the SHA-256 of the doc embeddings and doc ids, so an
@@ -26,8 +27,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from bilinear_ir import defaults
 from bilinear_ir import scorers
+from bilinear_ir.config import blocks
 from bilinear_ir.data import pipeline
 from bilinear_ir.data import loaders
 from bilinear_ir.errors import input_error, require
@@ -39,7 +40,7 @@ from bilinear_ir.experiment import validation
 from bilinear_ir.retrieval import index as index_lib
 from bilinear_ir.retrieval import serving
 from bilinear_ir.scorers.base import TableScorer
-ENCODER_FIELDS = defaults.ENCODER_FIELDS  # configs/retrieve.py leaves them None by default
+ENCODER_FIELDS = blocks.ENCODER_FIELDS    # configs/retrieve.py leaves them None by default
 
 
 def resolve_encoder(encoder_cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None,
@@ -57,7 +58,7 @@ def resolve_encoder(encoder_cfg: ml_collections.ConfigDict, meta: dict[str, Any]
     A complete encoder block (its other fields, e.g. batch_size and cache_dir, from
     `encoder_cfg`).
   """
-  out = defaults.encoder_config()
+  out = blocks.encoder_config()
   trained = None
   if meta is not None:
     trained = meta.get("embedding")

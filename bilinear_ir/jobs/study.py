@@ -3,7 +3,8 @@ embeddings x models, with paired statistics over queries and every choice made o
 
 For each collection (the embedded SciFact with its own train / test split, or a test-only
 collection such as CACM, MED, LISA or any BEIR folder / zip, cross-validated over its queries
-with a dev part carved out of each training fold) and each embedding (`defaults.embedding_spec`):
+with a dev part carved out of each training fold) and each embedding
+(`config.embedding_specs.embedding_spec`):
 
   dot       the untrained dot product of the frozen embeddings (the baseline of every test);
   bm25      BM25 (one fit per collection);

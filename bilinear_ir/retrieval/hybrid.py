@@ -25,12 +25,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from bilinear_ir import defaults
+from bilinear_ir.config import blocks
 from bilinear_ir.errors import require
 from bilinear_ir.eval import metrics
 
 NORMALIZATIONS = ("minmax", "none")
-DEFAULT_GRID = defaults.HYBRID_GRID
+DEFAULT_GRID = blocks.HYBRID_GRID
 
 # score_fn(query_rows [K] int, doc_rows [K] int) -> [K] float: exact scores of K (query, doc) pairs.
 PairScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]

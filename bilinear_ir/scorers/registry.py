@@ -41,7 +41,7 @@ def options(name: str) -> list[str]:
 
 
 def from_config(model_cfg: Any, dim: int) -> nn.Module:
-  """The scorer of a `model` config block (`defaults.model_config()`) for width `dim`.
+  """The scorer of a `model` config block (`config.blocks.model_config()`) for width `dim`.
 
   Only the fields of the block that the scorer has are passed to it (the block carries every
   family's options, e.g. `rank` is ignored by `bilinear`).

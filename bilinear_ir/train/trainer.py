@@ -1,8 +1,8 @@
 """The training loop: jitted, data-parallel steps over a device mesh, orbax resume, dev selection.
 
 `fit` trains any scorer of the registry on a `TrainSet` (row indices into query/doc features held
-on device) with the knobs of `defaults.train_config()`, and returns the params that were best on
-the dev split.
+on device) with the knobs of `config.blocks.train_config()`, and returns the params that were
+best on the dev split.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from bilinear_ir.train.checkpoints import Checkpoints
 LOSSES = ("softmax", "margin", "kl", "margin_mse")
 DISTILLATION_LOSSES = ("kl", "margin_mse")
 # `train.matmul_precision` values (`jax.default_matmul_precision` names; "default": JAX's own
-# setting). What each backend computes is in `defaults.train_config`.
+# setting). What each backend computes is in `config.blocks.train_config`.
 MATMUL_PRECISIONS = ("default", "bfloat16", "tensorfloat32", "float32", "high", "highest")
 
 
@@ -44,8 +44,8 @@ def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
   """Clip -> AdamW(warm-up + cosine decay), skipping any update whose gradient is not finite.
 
   Args:
-    cfg: `defaults.train_config()` or a `StepConfig` (fields lr, warmup_steps, end_lr_fraction,
-      weight_decay, clip_norm).
+    cfg: `config.blocks.train_config()` or a `StepConfig` (fields lr, warmup_steps, end_lr_fraction,
+           weight_decay, clip_norm).
     total_steps: length of the schedule.
   """
   schedule = optax.warmup_cosine_decay_schedule(
@@ -209,7 +209,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     q_feats: query features, an array [Q, ...] or a tuple of arrays (e.g. tokens, mask).
     d_feats: doc features [N, ...] (or a tuple), indexed by the rows of `trainset`.
     trainset: positive pairs and negative pools.
-    cfg: `defaults.train_config()`.
+    cfg: `config.blocks.train_config()`.
     seed: the config seed (batches).
     evaluate: params -> {metric: value} on the dev split, or None (then the last params win).
     checkpoint_dir: orbax directory; an existing checkpoint there is resumed.

@@ -1,121 +1,23 @@
-"""The config blocks every job shares, with each knob's meaning, and config-argument parsing.
+"""The config blocks every job shares, each a function returning a `ConfigDict` with every knob
+and its meaning.
 
-The one module `configs/*.py` import besides `ml_collections`: it imports neither jax nor flax,
-so loading a config is cheap. A config file is a `get_config(arg)` that calls `parse_args(arg,
-{...})` for its `:k=v,...` arguments and assembles the blocks below; jobs validate the result
+Imports only `ml_collections` (neither jax nor flax), so loading a config is cheap. A config
+file (`configs/*.py`) is a `get_config(arg)` that parses its `:k=v,...` arguments
+(`config.arguments.parse_args`) and assembles the blocks below; jobs validate the result
 (`bilinear_ir/experiment/validation.py`) before any work starts.
 
-    c.data = defaults.data_config()      # which collection, splits, folds
-    c.encoder = defaults.encoder_config()  # the frozen encoder and its cache
-    c.train = defaults.train_config()    # loss, negatives, optimiser, dev selection
+    c.data = blocks.data_config()        # which collection, splits, folds
+    c.encoder = blocks.encoder_config()  # the frozen encoder and its cache
+    c.train = blocks.train_config()      # loss, negatives, optimiser, dev selection
 """
 from __future__ import annotations
 
-from typing import Any
-
 import ml_collections
 
-from bilinear_ir.errors import input_error
-
-# Named embeddings the table jobs compare: name -> the `encoder` fields it sets. "mean" and
-# "cls" pool the config's `encoder.model` (all-MiniLM-L6-v2 by default): "mean" is aligned with
-# the dot product (all-MiniLM-L6-v2 was trained on its normalised mean), "cls" is misaligned (the
-# CLS state, unnormalised); "mpnet-*" are the bilinear paper's aligned encoder,
-# all-mpnet-base-v2, pooled the same two ways. Any `precomputed:DIR` is a spec too
-# (`embedding_spec`).
-EMBEDDINGS = {
-    "mean": {"pooling": "mean", "normalize": True},
-    "cls": {"pooling": "cls", "normalize": False},
-    "mpnet-mean": {"model": "all-mpnet-base-v2", "pooling": "mean", "normalize": True},
-    "mpnet-cls": {"model": "all-mpnet-base-v2", "pooling": "cls", "normalize": False},
-}
-PRECOMPUTED = "precomputed:"
 # Encoder fields that change the embeddings (the retrieve job takes them from the saved model).
 ENCODER_FIELDS = ("kind", "path", "model", "pooling", "normalize", "max_length", "query_prompt",
                   "doc_prompt")
 HYBRID_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # lam in 0, 0.05, ..., 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Config arguments: `configs/x.py:scorer=lowrank,rank=32,pooling=cls`.
-
-
-def _coerce(key: str, text: str, default: Any) -> Any:
-  if isinstance(default, bool):
-    if text.lower() in ("1", "true", "yes"):
-      return True
-    if text.lower() in ("0", "false", "no"):
-      return False
-    raise input_error(f"expected a boolean, got {text!r}", file="config", field=key)
-  try:
-    if isinstance(default, int):
-      return int(text)
-    if isinstance(default, float):
-      return float(text)
-  except ValueError:
-    raise input_error(f"expected {type(default).__name__}, got {text!r}", file="config",
-                      field=key) from None
-  if isinstance(default, tuple):
-    parts = [p for p in text.split("+") if p]
-    inner = default[0] if default else ""
-    return tuple(_coerce(key, p, inner) for p in parts)
-  return text
-
-
-def parse_args(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
-  """Parses a config's `k=v,k2=v2` argument over `defaults`.
-
-  Values are coerced to the type of their default; tuples are written with `+` (`ranks=2+4+8`).
-  A bare word without `=` and an unknown key are `InputError`s (exit code 2).
-
-  Args:
-    arg: the text after `:` in `--config=configs/x.py:ARG` (None or "" for no overrides).
-    defaults: every accepted key with its default value (which fixes its type).
-
-  Returns:
-    A new dict with the overrides applied.
-  """
-  out = dict(defaults)
-  if not arg:
-    return out
-  for item in arg.split(","):
-    if not item:
-      continue
-    if "=" not in item:
-      raise input_error(f"config argument {item!r} is not key=value", file="config")
-    key, value = item.split("=", 1)
-    key = key.strip()
-    if key not in defaults:
-      raise input_error(f"unknown config argument; known: {', '.join(sorted(defaults))}",
-                        file="config", field=key)
-    out[key] = _coerce(key, value.strip(), defaults[key])
-  return out
-
-
-def embedding_spec(name: str) -> dict[str, Any]:
-  """The `encoder` fields of embedding `name`: a key of `EMBEDDINGS`, or `precomputed:DIR`
-  (the files of DIR, as they are: kind "precomputed", not normalised again)."""
-  if name.startswith(PRECOMPUTED) and len(name) > len(PRECOMPUTED):
-    return {"kind": "precomputed", "path": name[len(PRECOMPUTED):], "normalize": False}
-  if name not in EMBEDDINGS:
-    raise input_error(f"unknown embedding {name!r}; known: {', '.join(EMBEDDINGS)} or "
-                      f"{PRECOMPUTED}DIR", file="config", field="embeddings")
-  return {"kind": "flax", "path": "", **EMBEDDINGS[name]}
-
-
-def describe_embedding(name: str, model: str = "") -> str:
-  """One line for a table heading, e.g. "all-MiniLM-L6-v2, mean pooling, L2-normalised"
-  (`model`: the config's `encoder.model`, used by the specs that do not name one)."""
-  spec = embedding_spec(name)
-  if spec["kind"] == "precomputed":
-    return f"precomputed embeddings from {spec['path']}"
-  return (f"{spec.get('model', model) or 'all-MiniLM-L6-v2'}, {spec['pooling']} pooling, "
-          f"{'L2-normalised' if spec['normalize'] else 'unnormalised'}")
-
-
-def optional_bool(text: str, key: str, default: bool) -> bool:
-  """A config argument that may be left empty: "" gives `default`, else a boolean word."""
-  return default if text == "" else _coerce(key, text, False)
 
 
 # ---------------------------------------------------------------------------------------------
