@@ -53,6 +53,7 @@ import functools
 import hashlib
 import json
 import math
+import numbers
 import os
 import time
 from typing import Any, Sequence
@@ -276,12 +277,35 @@ def _cache_save(cache_dir: str, key: dict[str, Any], arrays: dict[str, np.ndarra
 # Public encoding API.
 
 
-def _check_config(encoder_cfg: ml_collections.ConfigDict) -> None:
-  require(encoder_cfg.get("pooling") in POOLINGS + (None,),
-          f"must be one of {POOLINGS} (or None: the model's), got {encoder_cfg.pooling!r}",
-          field="encoder.pooling")
-  require(int(encoder_cfg.batch_size) >= 1, f"must be >= 1, got {encoder_cfg.batch_size}",
-          field="encoder.batch_size")
+def check_encoder(c: ml_collections.ConfigDict, prefix: str = "encoder") -> None:
+  """The `encoder` block (`config.blocks.encoder_config`), checked here once: by the jobs'
+  validation (`experiment.validation`) before any work and by every encode call. kind (and the
+  folder of precomputed embeddings), model, pooling, normalize, lengths, prompts, batch size;
+  pooling, normalize and max_length may be None (the model's own). Raises `InputError` naming
+  `<prefix>.<field>`."""
+  def integer(value: Any, field: str, low: int) -> None:
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+    require(ok, f"must be an integer >= {low}, got {value!r}", field=f"{prefix}.{field}")
+  require(c.kind in ("flax", "precomputed"), f"must be one of flax, precomputed; got {c.kind!r}",
+          field=f"{prefix}.kind")
+  if c.kind == "precomputed":
+    require(isinstance(c.path, str) and os.path.isdir(c.path),
+            f"must be the folder of precomputed embeddings, got {c.path!r}", field=f"{prefix}.path")
+  require(isinstance(c.model, str), "must be a string", field=f"{prefix}.model")
+  require(c.pooling is None or c.pooling in POOLINGS,
+          f"must be one of {', '.join(POOLINGS)} (or None: the model's); got {c.pooling!r}",
+          field=f"{prefix}.pooling")
+  require(c.normalize is None or isinstance(c.normalize, bool), "must be true or false",
+          field=f"{prefix}.normalize")
+  if c.max_length is not None:
+    integer(c.max_length, "max_length", 2)
+  integer(c.query_max_length, "query_max_length", 2)
+  integer(c.doc_max_length, "doc_max_length", 0)
+  require(c.doc_max_length != 1, "must be 0 (= max_length) or >= 2",
+          field=f"{prefix}.doc_max_length")
+  for key in ("query_prompt", "doc_prompt"):
+    require(isinstance(c[key], str), "must be a string", field=f"{prefix}.{key}")
+  integer(c.batch_size, "batch_size", 1)
 
 
 def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tokens: bool,
@@ -293,7 +317,7 @@ def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tok
     ({array name: array}, cache manifest, the settings used: `resolved(encoder_cfg)` with
     `max_length` replaced by the one given, when given).
   """
-  _check_config(encoder_cfg)
+  check_encoder(encoder_cfg)
   cache_dir = resolve_cache_dir(str(encoder_cfg.cache_dir))
   encoder = load_encoder(str(encoder_cfg.model), cache_dir)
   settings = resolved(encoder_cfg, encoder)

@@ -134,29 +134,6 @@ def check_data(c, prefix: str = "data") -> None:
   require(c.folds != 1, "must be 0 (no folds) or >= 2", field=f"{prefix}.folds")
 
 
-def check_encoder(c, prefix: str = "encoder") -> None:
-  """The `encoder` block: kind (and the folder of precomputed embeddings), pooling, lengths,
-  prompts, batch size. pooling, normalize and max_length may be None (the model's own)."""
-  one_of(c.kind, ("flax", "precomputed"), f"{prefix}.kind")
-  if c.kind == "precomputed":
-    require(isinstance(c.path, str) and os.path.isdir(c.path),
-            f"must be the folder of precomputed embeddings, got {c.path!r}", field=f"{prefix}.path")
-  require(isinstance(c.model, str), "must be a string", field=f"{prefix}.model")
-  if c.pooling is not None:
-    one_of(c.pooling, embeddings.POOLINGS, f"{prefix}.pooling")
-  require(c.normalize is None or isinstance(c.normalize, bool), "must be true or false",
-          field=f"{prefix}.normalize")
-  if c.max_length is not None:
-    integer(c.max_length, f"{prefix}.max_length", 2)
-  integer(c.query_max_length, f"{prefix}.query_max_length", 2)
-  integer(c.doc_max_length, f"{prefix}.doc_max_length", 0)
-  require(c.doc_max_length != 1, "must be 0 (= max_length) or >= 2",
-          field=f"{prefix}.doc_max_length")
-  for key in ("query_prompt", "doc_prompt"):
-    require(isinstance(c[key], str), "must be a string", field=f"{prefix}.{key}")
-  integer(c.batch_size, f"{prefix}.batch_size", 1)
-
-
 def check_bm25(c, prefix: str = "bm25") -> None:
   """The `bm25` block."""
   real(c.k1, f"{prefix}.k1", 0.0)
@@ -258,7 +235,7 @@ def check_table(config, *, hybrid_block: bool = True) -> None:
   embedding_names(config.embeddings)
   integer(config.seed, "seed", 0)
   check_data(config.data)
-  check_encoder(config.encoder)
+  embeddings.check_encoder(config.encoder)
   check_bm25(config.bm25)
   check_train(config.train)
   check_source(config)

@@ -14,6 +14,7 @@ import functools
 import ml_collections
 
 from bilinear_ir import files
+from bilinear_ir.data import embeddings
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.data import precomputed
@@ -24,7 +25,7 @@ from bilinear_ir.experiment import validation
 def validate(config: ml_collections.ConfigDict) -> None:
   """Refuses a bad config before any work (`experiment.validation`)."""
   validation.check_data(config.data)
-  validation.check_encoder(config.encoder)
+  embeddings.check_encoder(config.encoder)
 
 
 def manifest(config: ml_collections.ConfigDict, collection, emb) -> dict:

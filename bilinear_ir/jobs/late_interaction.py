@@ -43,6 +43,7 @@ import ml_collections
 from bilinear_ir import progress
 from bilinear_ir import scorers
 from bilinear_ir import timing
+from bilinear_ir.data import embeddings
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import rerank
 from bilinear_ir.experiment import rows as rows_lib
@@ -92,7 +93,7 @@ def validate(config) -> None:
   validation.integer(config.seed, "seed", 0)
   validation.check_data(config.data)
   validation.one_of(config.data.folds, (0,), "data.folds")
-  validation.check_encoder(config.encoder)
+  embeddings.check_encoder(config.encoder)
   validation.one_of(config.encoder.kind, ("flax",), "encoder.kind")  # token outputs are needed
   require(_doc_len(config) >= 2, "set encoder.doc_max_length (Td, the doc tokens kept)",
           field="encoder.doc_max_length")

@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 
 from bilinear_ir import scorers
+from bilinear_ir.data import embeddings
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import trec
 from bilinear_ir.experiment import spec
@@ -27,7 +28,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   """Refuses a bad config before any work (`experiment.validation`)."""
   validation.integer(config.seed, "seed", 0)
   validation.check_data(config.data)
-  validation.check_encoder(config.encoder)
+  embeddings.check_encoder(config.encoder)
   validation.check_bm25(config.bm25)
   validation.check_model(config.model)
   validation.check_train(config.train)
