@@ -23,10 +23,10 @@ Steps (in this order: the device's own numbers first, CPU-only logic last):
   device        device name, count, measured and data-sheet peaks (`OUT/device.json`).
   tests_device  pytest on the default device (JAX_PLATFORMS set empty, so the accelerator):
                 tests/test_device_exactness.py (the exactness claims against float64 numpy
-                twins, sharded top-k over the device's chips), test_precision.py,
-                test_retrieval_exact.py (the selection with ties and near-ties), test_certified.py,
-                test_mol_topk.py. Reduced: test_device_exactness.py without the MoL and certified
-                cases (CI runs the rest).
+                twins, sharded top-k over the device's chips), tests/test_precision.py,
+                tests/retrieval/: test_retrieval_exact.py (the selection with ties and
+                near-ties), test_certified.py, test_mol_topk.py. Reduced:
+                test_device_exactness.py without the MoL and certified cases (CI runs the rest).
   topk          benchmarks/topk.py, every case, default sizes, peers on the same device: the bare
                 matmul and torch (float32 with TF32 off, and bf16) at its best chunk; our scan also
                 at chunks 8,192 / 131,072 / 1,048,576 (`scan_chunk_ms`). Reduced: --scale 0.01,
@@ -39,7 +39,8 @@ Steps (in this order: the device's own numbers first, CPU-only logic last):
                 folder outside OUT (deleted afterwards): 262,144 docs (reduced: 16,384), 32
                 queries, with the roofline bound and the parallel read.
   tests_sharding  pytest of the shard_map / multi-process logic on 8 fake CPU devices
-                (tests/test_retrieval_sharded.py, test_multihost.py; JAX_PLATFORMS=cpu).
+                (tests/retrieval/: test_retrieval_sharded.py, test_multihost.py;
+                JAX_PLATFORMS=cpu).
   fidelity      benchmarks/fidelity.py: the default workload (reduced: smaller), vs numpy.
 """
 from __future__ import annotations
@@ -94,8 +95,8 @@ def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool) 
   tests_device = (["tests/test_device_exactness.py", "-k", "not mol and not certified"]
                   if reduced else
                   ["tests/test_device_exactness.py", "tests/test_precision.py",
-                   "tests/test_retrieval_exact.py", "tests/test_certified.py",
-                   "tests/test_mol_topk.py"])
+                   "tests/retrieval/test_retrieval_exact.py", "tests/retrieval/test_certified.py",
+                   "tests/retrieval/test_mol_topk.py"])
   plan = [
       {"name": "device", "cmd": [py, "-c", DEVICE_SCRIPT, j("device")], "env": dev_env},
       {"name": "tests_device", "cmd": [py, "-m", "pytest", "-q", "-rfs", "-p",
@@ -131,7 +132,8 @@ def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool) 
             "1" if reduced else "2", "--shard-docs", "4096" if reduced else "32768",
             "--peers", "read", "--json", j("stream")]
   plan.append({"name": "stream", "cmd": stream, "env": dev_env, "json": j("stream")})
-  sharding = ["tests/test_retrieval_sharded.py"] + ([] if reduced else ["tests/test_multihost.py"])
+  sharding = (["tests/retrieval/test_retrieval_sharded.py"]
+              + ([] if reduced else ["tests/retrieval/test_multihost.py"]))
   plan.append({"name": "tests_sharding", "cmd": [py, "-m", "pytest", "-q", "-rfs", "-p",
                                                  "no:cacheprovider", *sharding],
                "env": cpu_env})

@@ -15,9 +15,9 @@ from bilinear_ir.data.collection import Collection
 from bilinear_ir.errors import InputError
 from bilinear_ir.jobs import fidelity_bm25
 from bilinear_ir.fidelity import theory
+from conftest import REPO
 
-CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                      "fidelity_bm25.py")
+CONFIG = os.path.join(REPO, "configs", "fidelity_bm25.py")
 
 
 def _get_config(arg: str):

@@ -10,9 +10,9 @@ from bilinear_ir.eval import stats
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.export import saved_model
 from bilinear_ir.jobs import reproduce_table
+from conftest import REPO
 from conftest import write_beir
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")

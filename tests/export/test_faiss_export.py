@@ -11,8 +11,8 @@ from bilinear_ir import scorers
 from bilinear_ir.errors import InputError
 from bilinear_ir.export import faiss_index
 from bilinear_ir.retrieval import exact
+from conftest import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("name,kw", [("dot", {}), ("bilinear", {}), ("lowrank", {"rank": 6})])

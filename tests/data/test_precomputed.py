@@ -14,10 +14,10 @@ from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.data import precomputed
 from bilinear_ir.errors import InputError
+from conftest import REPO
 from conftest import write_beir
 from conftest import write_model
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIM = 6
 
 

@@ -18,9 +18,9 @@ from bilinear_ir.eval import metrics
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.jobs import study
+from conftest import REPO
 from conftest import write_beir
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(collections, cache):

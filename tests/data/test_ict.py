@@ -15,10 +15,10 @@ from bilinear_ir.data import ict
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
+from conftest import REPO
 from conftest import write_beir
 from conftest import write_model
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [" ".join(f"w{d}_{i}" for i in range(n)) for d, n in enumerate([3, 8, 30, 60, 12, 25])]
 
 

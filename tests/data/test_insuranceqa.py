@@ -27,6 +27,7 @@ from bilinear_ir.config.blocks import train_config
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
+from conftest import REPO
 
 ANSWERS = {str(i): {"en": f"  Answer\tnumber  {i}.\n", "zh": "答"} for i in range(1, 11)}
 QUESTIONS = {
@@ -512,8 +513,7 @@ def test_insuranceqa_table_adds_pool_p_at_1(tmp_path, monkeypatch):
   from bilinear_ir.jobs import reproduce_table  # pylint: disable=g-import-not-at-top
   _patch_find_spec(monkeypatch, _spec_at(_random_tree(tmp_path / insuranceqa.PACKAGE)))
   spec = importlib.util.spec_from_file_location(
-      "table_cfg", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "configs", "reproduce_table.py"))
+      "table_cfg", os.path.join(REPO, "configs", "reproduce_table.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config("collection=insuranceqa,seeds=0,ranks=4,embeddings=mean,max_steps=6")

@@ -9,9 +9,9 @@ from bilinear_ir.data import pipeline
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import curve
 from bilinear_ir.jobs import learning_curve
+from conftest import REPO
 from conftest import write_beir
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_subsets_are_nested_and_drawn_by_seed():

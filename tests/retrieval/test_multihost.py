@@ -1,6 +1,7 @@
 """Two real JAX processes on localhost (CPU, gloo collectives) give the single-process top-k.
 
-The test launches this file twice as a worker (`python tests/test_multihost.py worker I PORT OUT`):
+The test launches this file twice as a worker
+(`python tests/retrieval/retrieval/test_multihost.py worker I PORT OUT`):
 each worker calls `jax.distributed.initialize(coordinator_address="localhost:PORT",
 num_processes=2, process_id=I)`, loads only its half of the docs (`process_rows`), and
 `multihost_topk` all-gathers and merges the per-process top-k. Both must equal one process's
@@ -13,7 +14,7 @@ import sys
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/x/
 N_DOCS, DIM, K = 1003, 8, 12
 
 

@@ -41,7 +41,7 @@ def tiny(tmp_path_factory):
 
   Returns (folder, reference) where `reference(texts, max_length)` runs the encoder directly on
   one batch padded to `max_length` (no buckets, sorting, devices or cache: the twin of what
-  `embeddings` does; the encoder itself is checked against PyTorch in test_encoders.py):
+  `embeddings` does; the encoder itself is checked against PyTorch in encoders/test_encoders.py):
   (last_hidden_state [N, max_length, n], mask [N, max_length]).
   """
   folder = write_model(str(tmp_path_factory.mktemp("tiny_bert")), "bert", words=WORDS,
