@@ -155,6 +155,33 @@ def test_every_job_module_exists_with_validate_and_run():
       if os.path.basename(p)[:-3] not in ("__init__", "report"))
 
 
+# The functions every job defines for itself: the entry points and its own report's pieces.
+JOB_HOOKS = ("validate", "run", "markdown", "findings", "plot")
+
+
+def _top_level_functions(path: str) -> dict[str, int]:
+  """{name: line} of the functions defined at the top level of one module."""
+  tree = ast.parse(open(path, encoding="utf-8").read(), path)
+  return {n.name: n.lineno for n in tree.body
+          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_no_job_defines_a_function_another_job_or_a_library_defines():
+  """A job holds only what it runs: a top-level function of a job that another job or any
+  library module also defines (same name) is a second copy, to be written once below the jobs."""
+  job_modules = {m for m in MODULES if _part(m) == "jobs"
+                 and m.rsplit(".", 1)[-1] not in ("jobs", "report")}
+  defined = {m: _top_level_functions(p) for m, p in MODULES.items()}
+  assert len(job_modules) == len(jobs.JOBS) and defined["bilinear_ir.jobs.study"]
+  bad = []
+  for module in sorted(job_modules):
+    for name, line in defined[module].items():
+      others = [m for m, names in defined.items() if m != module and name in names]
+      if name not in JOB_HOOKS and others:
+        bad.append(f"{os.path.relpath(MODULES[module], REPO)}:{line}: {name} also in {others}")
+  assert not bad, "functions defined twice:\n" + "\n".join(bad)
+
+
 def test_no_library_imports_the_experiment_protocol():
   """Only the jobs (and main above them) may import `experiment`; the test above checks the
   layers, this one names the rule: no library below reaches up into the protocol."""

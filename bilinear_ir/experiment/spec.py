@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import ml_collections
 
@@ -90,6 +90,23 @@ def model_block(model: ml_collections.ConfigDict, spec: Mapping[str, Any]
                 ) -> ml_collections.ConfigDict:
   """A copy of the `model` block with the model options of row `spec` (see `Recipe.row`)."""
   return _changed(model, {k: v for k, v in spec.items() if k not in _NOT_MODEL and v is not None})
+
+
+def model_specs(models: Sequence[str], ranks: Sequence[int],
+                mol: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+  """The trained models a config's `models` names, in its order: [{"name", "scorer", ...model
+  options}] for `Recipe.row`. "lowrank" is the residual I + P Q^T at every rank of `ranks`
+  ("lowrank_r{r}"), "mol" the options `mol` (e.g. `config.mol`), any other name its own scorer."""
+  out = []
+  for name in models:
+    if name == "lowrank":
+      out += [{"name": f"lowrank_r{r}", "scorer": "lowrank", "rank": int(r),
+               "residual": "identity"} for r in ranks]
+    elif name == "mol":
+      out.append({"name": "mol", **dict(mol or {})})
+    else:
+      out.append({"name": name, "scorer": name})
+  return out
 
 
 def _changed(block: ml_collections.ConfigDict, changes: Mapping[str, Any]

@@ -64,7 +64,7 @@ def run_on(config: ml_collections.ConfigDict, collection: Collection) -> report.
   results = experiments.run_experiments(config, collection)
   figures = {"fig2": _plot_fig2(results["fig2"], config.beta),
              "fig3a": _plot_fig3a(results["fig3a"]), "fig3b": _plot_fig3b(results["fig3b"])}
-  return report.Report(results=results, markdown=_markdown(results, config), figures=figures)
+  return report.Report(results=results, markdown=markdown(results, config), figures=figures)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def _g(x: Any, digits: int = 3) -> str:
   return report.fmt(x, digits, "g")
 
 
-def _markdown(res: dict[str, Any], config) -> str:
+def markdown(res: dict[str, Any], config) -> str:
   c, f2, lc = res["collection"], res["fig2"], res["lemma1_check"]
   grid = res["k_grid"]
   out = ["# Random-projection fidelity to BM25 (paper 002, section 2)\n",

@@ -32,21 +32,6 @@ JOB = "learning_curve"
 MODELS = ("wdp", "lowrank", "bilinear", "mol")
 
 
-def model_specs(config) -> list[dict[str, Any]]:
-  """The trained models: [{"name", "scorer", ...model options}] in curve order (lowrank: the
-  residual I + P Q^T at every rank of `config.ranks`; mol: `config.mol`)."""
-  out = []
-  for name in config.models:
-    if name == "lowrank":
-      out += [{"name": f"lowrank_r{r}", "scorer": "lowrank", "rank": int(r),
-               "residual": "identity"} for r in config.ranks]
-    elif name == "mol":
-      out.append({"name": "mol", **dict(config.mol)})
-    else:
-      out.append({"name": name, "scorer": name})
-  return out
-
-
 def schedule(config, train, pairs: int, mol: bool) -> dict[str, Any]:
   """The `train` changes of one run on `pairs` judged pairs: `train.epochs` epochs of
   `train.batch_size` pairs, at most `config.max_steps` steps, `config.evals` dev evaluations
@@ -68,7 +53,7 @@ def validate(config) -> None:
   require(len(config.models) > 0, "must name at least one trained model", field="models")
   for name in config.models:
     validation.one_of(name, MODELS, "models")
-  for s in model_specs(config):
+  for s in spec_lib.model_specs(config.models, config.ranks, config.mol):
     validation.check_model(spec_lib.model_block(config.model, s))
   validation.check_train(spec_lib.Recipe.of(config, "").row(
       {"scorer": "mol"}, 0, config.mol_train).train, "mol_train")
@@ -78,7 +63,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   """The `learning_curve` job (configs/learning_curve.py)."""
   measures = list(config.eval.measures)
   m0, sel = measures[0], config.train.select_metric
-  specs = model_specs(config)
+  specs = spec_lib.model_specs(config.models, config.ranks, config.mol)
   rows, unseen_queries, collection, hybrids = [], {}, None, {}
   for recipe, prepared, (splitset, *_) in spec_lib.embeddings_of(
       config, spec_lib.collection_block(config.data, config.collection)):
@@ -124,7 +109,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       bar.write(f"{recipe.name:>10} n={n:<6} dot {dot['metrics'][m0]:.4f}  " + "  ".join(
           f"{r['model']} {r['metrics'][m0]:.4f}" for r in rows[-len(outs):]))
     bar.close()
-  _compare(rows, unseen_queries, config)
+  _compare_curve(rows, unseen_queries, config)
   for emb, h in hybrids.items():  # the learned similarity at the largest n against the hybrid
     top = [r for r in rows if r["embedding"] == emb and r["model"] == "learned"][-1]
     h["learned_vs_hybrid"] = {"n_train": top["n_train"], **stats.paired(
@@ -158,7 +143,7 @@ def _row(base: dict[str, Any], model: str, n: int, outs: list[dict[str, Any]], m
           "seconds": round(sum(o.get("seconds", 0.0) for o in outs), 1)}
 
 
-def _compare(rows: list[dict[str, Any]], unseen: dict[int, list[str]], config) -> None:
+def _compare_curve(rows: list[dict[str, Any]], unseen: dict[int, list[str]], config) -> None:
   """`row["vs_dot"]` and `row["unseen"]` ({"n_queries", "mean", "vs_dot"}) for every row but
   dot's, against dot at the same n; Holm over the curve of each (embedding, model, view)."""
   dots = {(r["embedding"], r["n_train"]): r for r in rows if r["model"] == "dot"}

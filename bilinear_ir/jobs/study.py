@@ -46,18 +46,6 @@ from bilinear_ir.jobs import report
 BASELINES = ("dot", "bm25")
 
 
-def model_specs(config) -> list[dict[str, Any]]:
-  """The trained models: [{"name", "scorer", "rank", "residual"}] in table order."""
-  out = []
-  for name in config.models:
-    if name == "lowrank":
-      out += [{"name": f"lowrank_r{r}", "scorer": "lowrank", "rank": int(r),
-               "residual": "identity"} for r in config.ranks]
-    else:
-      out.append({"name": name, "scorer": name, "rank": None, "residual": None})
-  return out
-
-
 def validate(config: ml_collections.ConfigDict) -> None:
   """Refuses a bad config before any work (`experiment.validation`)."""
   require(isinstance(config.collections, (tuple, list)) and len(config.collections) > 0,
@@ -70,9 +58,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   require(len(config.models) > 0, "must name at least one trained model", field="models")
   for name in config.models:
     validation.one_of(name, ("wdp", "bilinear", "lowrank"), "models")
-  for sp in model_specs(config):
+  for sp in spec_lib.model_specs(config.models, config.ranks):
     validation.check_model(spec_lib.model_block(config.model, sp))
-  names = [sp["name"] for sp in model_specs(config)]
+  names = [sp["name"] for sp in spec_lib.model_specs(config.models, config.ranks)]
   for name in config.ict_rows:
     validation.one_of(name, names, "ict_rows")
   if config.ict_rows:
@@ -84,7 +72,7 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
   """Every row of one collection: (rows, unseen-doc query ids, collection name)."""
   measures = list(config.eval.measures)
   m0, sel = measures[0], config.train.select_metric
-  specs = model_specs(config)
+  specs = spec_lib.model_specs(config.models, config.ranks)
   ict_specs = [sp for sp in specs if sp["name"] in config.ict_rows]
   rows, unseen = [], None
   for recipe, prepared, splitsets in spec_lib.embeddings_of(
@@ -139,7 +127,7 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
   return rows, unseen, prepared.collection.name
 
 
-def _compare(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> None:
+def _compare_cells(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> None:
   """Adds `vs_dot` / `vs_bm25` and `unseen_doc` (its mean and `vs_dot`) paired statistics to
   every row; each kind of comparison is one Holm family over the study."""
   cell = ("collection", "embedding")
@@ -163,7 +151,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # py
     names.append(name)
     rows += coll_rows
     unseen[name] = coll_unseen
-  _compare(rows, unseen, config)
+  _compare_cells(rows, unseen, config)
   pooled = compare.pooled(rows, unseen, config)
   summary = compare.tally(rows, config.stats.alpha)
   results = {"rows": rows, "unseen_doc": unseen, "pooled_unseen_doc": pooled,

@@ -193,11 +193,11 @@ def run(config: ml_collections.ConfigDict,
       "lp_witnesses": witnesses,
       "paper": PAPER,
   }
-  return Report(results=results, markdown=_markdown(config, ex.rows, lp),
+  return Report(results=results, markdown=markdown(config, ex.rows, lp),
                 figures={"score_distributions": _figure(ex.samples)})
 
 
-def _markdown(config: ml_collections.ConfigDict, rows: dict[str, dict[str, Any]],
+def markdown(config: ml_collections.ConfigDict, rows: dict[str, dict[str, Any]],
               lp: dict[str, dict[str, bool]]) -> str:
   n = config.n
   t = config.train

@@ -169,7 +169,7 @@ def test_learned_is_the_dev_argmax_per_fold_and_seed(study_run, monkeypatch):
   config, _ = study_run
   record = _fake_outcomes(monkeypatch)
   rows, _, name = study.run_collection(config, config.collections[1])  # 3 folds x 2 seeds
-  specs = [sp["name"] for sp in study.model_specs(config)]
+  specs = [sp["name"] for sp in spec_lib.model_specs(config.models, config.ranks)]
   sel, m0 = config.train.select_metric, config.eval.measures[0]
   learned = next(r for r in rows if r["model"] == "learned")
   folds = sorted({k[2] for k in record if k[0] == specs[0]})
