@@ -5,12 +5,15 @@ The parts of `bilinear_ir` form layers, and a part imports only parts in layers 
   main -> jobs -> experiment -> synthetic -> export -> {train, retrieval, fidelity} -> data
   -> {encoders, scorers, eval, lowrank} -> {errors, files, allocator, config, progress, timing}
 
-So the jobs say what runs and the experiment protocol (`experiment/`: training with dev
-selection, rows, comparisons, evaluation, the re-ranking setting) sits between them and the
-libraries, none of which may import it. A job never imports another job, function-local imports
-are only of optional third-party packages, and a config file imports only `ml_collections` and
-the modules of `bilinear_ir.config` (its blocks, argument parsing and embedding specs; so loading
-one imports neither jax nor flax: checked in a fresh process).
+(the bottom modules import each other only in that order). So the jobs say what runs and the
+experiment protocol (`experiment/`: training with dev selection, rows, comparisons, evaluation,
+the re-ranking setting, truncation, curves, config checks) sits between them and the libraries,
+none of which may import it. A job never imports another job, nor defines a top-level function
+that another job or a library module also defines (besides the entry points `validate` / `run`
+and its own report's `markdown` / `findings` / `plot`). Function-local imports are only of
+optional third-party packages, and a config file imports only `ml_collections` and the modules
+of `bilinear_ir.config` (its blocks, argument parsing and embedding specs; so loading one imports
+neither jax nor flax: checked in a fresh process).
 """
 import ast
 import glob

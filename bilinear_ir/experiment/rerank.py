@@ -5,11 +5,14 @@ drawn uniformly (from the config seed) among the rest of the corpus; judged posi
 added (`retrieval.candidates.rerank_candidates` never sees them). Every row of a table in this
 setting re-ranks the same candidates (`Setting.score`); a token row is built, trained with the
 protocol (`experiment.training.train_token_model`) and scored by `token_row`; the hybrid's lam is
-tuned on dev over the same candidates (`hybrid`); `teachers` gives the references and the
+tuned on dev over the same candidates (`hybrid`, and `hybrid_row` for the dense row best on
+dev); a row's scorer and training come from `config.models` / `config.train_overrides`
+(`row_model`, `row_train`); `teachers` gives the references and the
 distillation teachers; latencies are timed in turn (`time_in_turn`).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Callable
 
@@ -22,17 +25,22 @@ from bilinear_ir import scorers
 from bilinear_ir import timing
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import pipeline
+from bilinear_ir.errors import require
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
+from bilinear_ir.experiment import validation
 from bilinear_ir.retrieval import candidates as candidates_lib
 from bilinear_ir.retrieval import hybrid as hybrid_lib
 from bilinear_ir.retrieval import ranking
 from bilinear_ir.scorers import token_interaction
 from bilinear_ir.train import teachers as teachers_lib
+from bilinear_ir.train import trainer
 
 SPLITS = ("dev", "test")
+TOKEN_SCORERS = ("colbert", "mebert", "lite", "lite_flat", "knrm")
+TEACHERS = ("bm25", "bilinear", "best")  # distill.teacher
 
 
 @dataclasses.dataclass
@@ -139,6 +147,27 @@ class Setting:
                    "doc_tokens_truncated": float(np.mean(self.tokens.doc_mask[:, -1]))}}
 
 
+def check_blocks(config: ml_collections.ConfigDict) -> None:
+  """The blocks this setting reads besides the shared ones (`experiment.validation`): `rerank`
+  (candidates), `latency` (timed calls), `distill` and, when it distils from a trained table
+  scorer, `teacher`. Raises `InputError` naming the field."""
+  validation.integer(config.rerank.bm25_depth, "rerank.bm25_depth", 1)
+  validation.integer(config.rerank.random_docs, "rerank.random_docs", 0)
+  validation.integer(config.latency.docs, "latency.docs", 1)
+  validation.integer(config.latency.repeats, "latency.repeats", 1)
+  validation.integer(config.latency.rounds, "latency.rounds", 1)
+  validation.one_of(config.distill.teacher, TEACHERS, "distill.teacher")
+  for loss in config.distill.losses:
+    validation.one_of(loss, trainer.DISTILLATION_LOSSES, "distill.losses")
+  validation.real(config.distill.teacher_temperature, "distill.teacher_temperature", 0.0,
+                  low_open=True)
+  for name in config.distill.scorers:
+    require(name in config.models, f"unknown model {name!r}", field="distill.scorers")
+  if config.distill.scorers and config.distill.teacher in ("bilinear", "best"):
+    validation.check_model(config.teacher.model, "teacher.model")
+    validation.check_train(config.teacher.train, "teacher.train")
+
+
 def build_setting(config: ml_collections.ConfigDict) -> Setting:
   """Loads the collection, pooled + token embeddings, BM25, splits and candidates (`data`,
   `encoder`, `bm25`, `rerank`, `seed` and `eval.measures` of `config`)."""
@@ -159,6 +188,36 @@ def build_setting(config: ml_collections.ConfigDict) -> Setting:
     b = prepared.bm25_pair_scores(np.repeat(r, c.shape[1]), safe.reshape(-1)).reshape(c.shape)
     rows[name], cands[name], bm25[name] = r, c, np.where(c < 0, 0.0, b)
   return Setting(prepared, splitset, tokens, rows, cands, bm25, tuple(config.eval.measures))
+
+
+def _model_kwargs(config, name: str) -> dict[str, Any]:
+  """Registry name and options of row `name` (`config.models[name]`)."""
+  opts = dict(config.models[name].to_dict())
+  scorer = opts.pop("scorer")
+  require(scorer in TOKEN_SCORERS, f"must be one of {TOKEN_SCORERS}, got {scorer!r}",
+          field=f"models.{name}.scorer")
+  opts.update(query_len=int(config.encoder.query_max_length), doc_len=doc_len(config))
+  return {"name": scorer, **opts}
+
+
+def doc_len(config) -> int:
+  """Td: `encoder.doc_max_length`, else `encoder.max_length` (validate requires one)."""
+  return int(config.encoder.doc_max_length or config.encoder.max_length or 0)
+
+
+def row_model(config, name: str, dim: int):
+  """(module, registry name) of row `name`."""
+  kw = _model_kwargs(config, name)
+  scorer = kw.pop("name")
+  return scorers.build(scorer, dim=dim, **kw), scorer
+
+
+def row_train(config, name: str) -> ml_collections.ConfigDict:
+  """`config.train` with the row's overrides (`config.train_overrides[name]`)."""
+  c = copy.deepcopy(config.train)
+  for key, value in config.train_overrides.get(name, {}).items():
+    c[key] = value
+  return c
 
 
 def latency_inputs(setting: Setting, docs: int) -> tuple:
@@ -233,6 +292,23 @@ def hybrid(setting: Setting, scored: Scored, cfg, docs: np.ndarray
     return hybrid_lib.rank_candidates(c, lam, cfg.normalize)
 
   return lam, metrics, call
+
+
+def hybrid_row(setting: Setting, config, rows: list[dict[str, Any]],
+               dense: dict[str, Scored], lat) -> tuple[dict[str, Any], Callable[[], Any]]:
+  """The hybrid of the dense row best on dev with BM25 over the same candidates
+  (`hybrid`): (the row, its timed call)."""
+  sel = config.train.select_metric
+  best = rows_lib.best_on_dev(rows, lambda r: r["dev"].get(sel))
+  lam, metrics, call = hybrid(setting, dense[best["row"]], config.hybrid, lat[4])
+  prepared = setting.prepared
+  bm25_bytes = int(round(prepared.bm25.doc_vectors.nnz / prepared.collection.num_docs * 8))
+  return {"row": f"hybrid ({best['row']} + BM25)", "scorer": "hybrid", "mode": "rerank",
+          "encoder": "frozen", "metrics": metrics["test"], "dev": metrics["dev"],
+          "dense": best["row"], "lambda": lam,
+          "bytes_per_doc": int(best["bytes_per_doc"]) + bm25_bytes,
+          "bm25_bytes_per_doc": bm25_bytes, "trained": best.get("trained"),
+          "loss": best.get("loss"), "teacher": best.get("teacher")}, call
 
 
 def teachers(setting: Setting, config: ml_collections.ConfigDict

@@ -16,9 +16,14 @@ import numpy as np
 
 from bilinear_ir import lowrank
 from bilinear_ir import scorers
+from bilinear_ir.config import embedding_specs
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import evaluate as evaluate_lib
+from bilinear_ir.experiment import rows as rows_lib
+from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.retrieval import ranking
+
+FULL_W = {"scorer": "bilinear", "rank": None, "residual": None}  # the row that is truncated
 
 
 def evaluated_ranks(ranks: Sequence[int], n: int, extra: Sequence[int] = ()) -> list[int]:
@@ -183,3 +188,56 @@ def summarize(per_seed: list[dict[str, Any]], ranks: Sequence[int],
           "smallest_reaching_share_dev": pick(min(reaching), share=share) if reaching else None,
       },
   }
+
+
+def trained_and_truncated(recipe: spec_lib.Recipe, prepared: pipeline.Prepared,
+                          splitset: pipeline.SplitSet, config, each=None) -> dict[str, Any]:
+  """One embedding's analysis: the full W (`FULL_W`, the recipe's training, selected on dev)
+  trained at every seed of `config.seeds`, each truncated and analysed (`analyze`) at the ranks of
+  `config.ranks` and those the mean spectrum selects, summarized (`summarize`) with the
+  embedding's pooling and normalisation, the seeds, their best steps and the mean
+  ‖W − I‖_F / √n. `each`: called after each seed's training."""
+  outs = rows_lib.seed_runs(recipe, FULL_W, config.seeds, prepared, splitset, each=each)
+  trained = [(seed, np.asarray(o["params"]["W"], np.float32), o["best_step"])
+             for seed, o in zip(config.seeds, outs)]
+  spectra = [np.asarray(lowrank.spectrum(jnp.asarray(W)), np.float64) for _, W, _ in trained]
+  selections = select_ranks(np.mean(spectra, axis=0), config.rank_selection)
+  ranks = evaluated_ranks(config.ranks, prepared.dim, [s["rank"] for s in selections])
+  per_seed = [analyze(W, prepared, splitset, config, ranks, seed) for seed, W, _ in trained]
+  res = summarize(per_seed, ranks, selections, config)
+  spec = embedding_specs.embedding_spec(recipe.name)
+  res.update(pooling=spec.get("pooling"), normalize=spec["normalize"], seeds=list(config.seeds),
+             best_steps=[b for _, _, b in trained],
+             distance_from_identity=mean([
+                 float(np.linalg.norm(W - np.eye(W.shape[0])) / np.sqrt(W.shape[0]))
+                 for _, W, _ in trained]))
+  return res
+
+
+def pointwise_totals(embs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """The Theorem 3 checks of several embeddings' results together: counts, violations, the max
+  and the (check-weighted) mean err/bound."""
+  ratio_count = sum(e["error_over_bound_count"] for e in embs)
+  return {
+      "pointwise_checks": sum(e["pointwise_checks"] for e in embs),
+      "pointwise_violations": sum(e["pointwise_violations"] for e in embs),
+      "max_error_over_bound": max(e["max_error_over_bound"] for e in embs),
+      "mean_error_over_bound": (sum(e["mean_error_over_bound"] * e["error_over_bound_count"]
+                                    for e in embs if e["error_over_bound_count"]) / ratio_count
+                                if ratio_count else None),
+  }
+
+
+def share_at(e: dict[str, Any], rank: int, measure: str) -> float | None:
+  """W_r's share of the full W's `measure` at `rank` in one embedding's results (None: not
+  evaluated)."""
+  row = next((r for r in e["by_rank"] if r["rank"] == rank), None)
+  return None if row is None else row["share_of_full_by_measure"][measure]
+
+
+def gain(e: dict[str, Any], a: int, b: int, measure: str) -> float | None:
+  """Relative gain in `measure` from rank a to rank b (None: either not evaluated or a's is 0)."""
+  by = {r["rank"]: r[measure] for r in e["by_rank"]}
+  if a not in by or b not in by or not by[a]:
+    return None
+  return by[b] / by[a] - 1.0

@@ -32,13 +32,11 @@ late_interaction_latency.py), measured in the same run.
 """
 from __future__ import annotations
 
-import copy
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from bilinear_ir import progress
 from bilinear_ir import scorers
@@ -46,46 +44,12 @@ from bilinear_ir import timing
 from bilinear_ir.data import embeddings
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import rerank
-from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
 from bilinear_ir.scorers import multivector
 from bilinear_ir.train import teachers as teacher_lib
-from bilinear_ir.train import trainer
 
-TOKEN_SCORERS = ("colbert", "mebert", "lite", "lite_flat", "knrm")
-TEACHERS = ("bm25", "bilinear", "best")
 PAPER_A4 = {"colbert": 0.112, "lite": 0.188}  # frozen encoders, MS MARCO dev MRR@10
-
-
-def _model_kwargs(config, name: str) -> dict[str, Any]:
-  """Registry name and options of row `name` (`config.models[name]`)."""
-  opts = dict(config.models[name].to_dict())
-  scorer = opts.pop("scorer")
-  require(scorer in TOKEN_SCORERS, f"must be one of {TOKEN_SCORERS}, got {scorer!r}",
-          field=f"models.{name}.scorer")
-  opts.update(query_len=int(config.encoder.query_max_length), doc_len=_doc_len(config))
-  return {"name": scorer, **opts}
-
-
-def _doc_len(config) -> int:
-  """Td: `encoder.doc_max_length`, else `encoder.max_length` (validate requires one)."""
-  return int(config.encoder.doc_max_length or config.encoder.max_length or 0)
-
-
-def build_row_model(config, name: str, dim: int):
-  """(module, registry name) of row `name`."""
-  kw = _model_kwargs(config, name)
-  scorer = kw.pop("name")
-  return scorers.build(scorer, dim=dim, **kw), scorer
-
-
-def row_train_config(config, name: str) -> ml_collections.ConfigDict:
-  """`config.train` with the row's overrides (`config.train_overrides[name]`)."""
-  c = copy.deepcopy(config.train)
-  for key, value in config.train_overrides.get(name, {}).items():
-    c[key] = value
-  return c
 
 
 def validate(config) -> None:
@@ -95,37 +59,23 @@ def validate(config) -> None:
   validation.one_of(config.data.folds, (0,), "data.folds")
   embeddings.check_encoder(config.encoder)
   validation.one_of(config.encoder.kind, ("flax",), "encoder.kind")  # token outputs are needed
-  require(_doc_len(config) >= 2, "set encoder.doc_max_length (Td, the doc tokens kept)",
+  require(rerank.doc_len(config) >= 2, "set encoder.doc_max_length (Td, the doc tokens kept)",
           field="encoder.doc_max_length")
   validation.check_bm25(config.bm25)
-  validation.integer(config.rerank.bm25_depth, "rerank.bm25_depth", 1)
-  validation.integer(config.rerank.random_docs, "rerank.random_docs", 0)
+  rerank.check_blocks(config)
   validation.check_train(config.train)
   for name in config.train_overrides:
     require(name in config.models, f"unknown row {name!r}", field="train_overrides")
-    validation.check_train(row_train_config(config, name), f"train_overrides.{name}")
+    validation.check_train(rerank.row_train(config, name), f"train_overrides.{name}")
   validation.check_hybrid(config.hybrid)
   validation.check_eval(config.eval)
   validation.one_of(config.storage.dtype, ("float32", "float16", "bfloat16"), "storage.dtype")
-  validation.integer(config.latency.docs, "latency.docs", 1)
-  validation.integer(config.latency.repeats, "latency.repeats", 1)
-  validation.integer(config.latency.rounds, "latency.rounds", 1)
-  validation.one_of(config.distill.teacher, TEACHERS, "distill.teacher")
-  for loss in config.distill.losses:
-    validation.one_of(loss, trainer.DISTILLATION_LOSSES, "distill.losses")
-  real = validation.real
-  real(config.distill.teacher_temperature, "distill.teacher_temperature", 0.0, low_open=True)
   for name in config.rows:
     require(name in ("dot", "hybrid") or name in config.models,
             f"unknown row {name!r}: not 'dot', 'hybrid' or a name of config.models",
             field="rows")
-  for name in config.distill.scorers:
-    require(name in config.models, f"unknown model {name!r}", field="distill.scorers")
-  if config.distill.scorers and config.distill.teacher in ("bilinear", "best"):
-    validation.check_model(config.teacher.model, "teacher.model")
-    validation.check_train(config.teacher.train, "teacher.train")
   for name in config.models:  # traces each scorer's setup (its checks) without computing
-    module = build_row_model(config, name, 8)[0]
+    module = rerank.row_model(config, name, 8)[0]
     jax.eval_shape(functools.partial(scorers.init_params, module), jax.random.key(0))
 
 
@@ -152,7 +102,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
               f"(dev {sel} {scored.dev.get(sel, float('nan')):.4f})")
 
   def token_row(name: str, tcfg, teacher=None) -> tuple[rerank.Scored, dict[str, Any]]:
-    module, scorer = build_row_model(config, name, setting.tokens.docs.shape[-1])
+    module, scorer = rerank.row_model(config, name, setting.tokens.docs.shape[-1])
     scored, info = rerank.token_row(setting, module, scorer, tcfg, config.seed, lat, dtype,
                                     teacher)
     return scored, {"scorer": scorer, **info}
@@ -170,7 +120,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
                                       (n_vec, width)),
           trained=False, loss=None, teacher=None)
     else:
-      scored, info = token_row(name, row_train_config(config, name))
+      scored, info = token_row(name, rerank.row_train(config, name))
       add(name, info.pop("scorer"), scored, loss=config.train.loss if info["trained"] else None,
           teacher=None, **info)
     bar.update(1)
@@ -180,7 +130,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
         t, prepared.bm25_idx, config.rerank.bm25_depth)
   for name in config.distill.scorers:
     for loss in config.distill.losses:
-      tcfg = row_train_config(config, name)
+      tcfg = rerank.row_train(config, name)
       tcfg.loss = loss
       tcfg.teacher_temperature = teacher_temperature
       scored, info = token_row(name, tcfg, teacher=t)
@@ -191,13 +141,13 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
 
   calls = {label: scored.latency_fn for label, scored in dense.items()}
   if "hybrid" in config.rows and rows:
-    row, calls[row["row"]] = hybrid_row(setting, config, rows, dense, lat)
+    row, calls[row["row"]] = rerank.hybrid_row(setting, config, rows, dense, lat)
     rows.append(row)
   ms = rerank.time_in_turn(calls, config.latency.rounds, config.latency.repeats)
   for row in rows:
     row["ms_1q_100d"] = ms[row["row"]]
 
-  dim, doc_len = int(setting.tokens.docs.shape[-1]), _doc_len(config)
+  dim, doc_len = int(setting.tokens.docs.shape[-1]), rerank.doc_len(config)
   storage = multivector.storage_table(
       dim, doc_len, [t for t in config.storage.doc_tokens if t <= doc_len],
       [p for p in config.storage.token_dims if p <= dim], config.storage.dtypes)
@@ -205,27 +155,10 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       "rows": rows, "teachers": teachers, "teacher": teacher_name,
       "collection": prepared.collection.name,
       "test_queries": len(setting.splitset.test.query_ids),
-      **setting.describe(config.rerank, int(config.encoder.query_max_length), _doc_len(config)),
+      **setting.describe(config.rerank, int(config.encoder.query_max_length), doc_len),
       "storage": storage, "storage_dtype": str(dtype.name), "hardware": timing.hardware(),
   }
   return report.Report(results=results, markdown=markdown(results, config))
-
-
-def hybrid_row(setting: rerank.Setting, config, rows: list[dict[str, Any]],
-               dense: dict[str, rerank.Scored], lat) -> tuple[dict[str, Any], Callable[[], Any]]:
-  """The hybrid of the dense row best on dev with BM25 over the same candidates
-  (`experiment.rerank.hybrid`): (the row, its timed call)."""
-  sel = config.train.select_metric
-  best = rows_lib.best_on_dev(rows, lambda r: r["dev"].get(sel))
-  lam, metrics, call = rerank.hybrid(setting, dense[best["row"]], config.hybrid, lat[4])
-  prepared = setting.prepared
-  bm25_bytes = int(round(prepared.bm25.doc_vectors.nnz / prepared.collection.num_docs * 8))
-  return {"row": f"hybrid ({best['row']} + BM25)", "scorer": "hybrid", "mode": "rerank",
-          "encoder": "frozen", "metrics": metrics["test"], "dev": metrics["dev"],
-          "dense": best["row"], "lambda": lam,
-          "bytes_per_doc": int(best["bytes_per_doc"]) + bm25_bytes,
-          "bm25_bytes_per_doc": bm25_bytes, "trained": best.get("trained"),
-          "loss": best.get("loss"), "teacher": best.get("teacher")}, call
 
 
 # ----------------------------------------------------------------------------------------------
@@ -267,49 +200,43 @@ def markdown(results: dict[str, Any], config) -> str:
 
 
 def findings(results: dict[str, Any], config) -> str:
-  """What the numbers show, computed from them."""
+  """What the numbers show, computed from them (the sentences: `templates/late_interaction.md`)."""
   m = "mrr@10" if "mrr@10" in config.eval.measures else config.eval.measures[0]
+  sel = config.train.select_metric
   rows = {r["row"]: r for r in results["rows"]}
+  text = functools.partial(report.prose, "late_interaction", m=m)
   lines = ["## What the numbers show\n\n"]
   if "dot" in rows:
     dot = rows["dot"]
     better = [n for n, r in rows.items() if n != "dot" and r["metrics"][m] > dot["metrics"][m]]
-    lines.append(f"- DE (dot, {m} {dot['metrics'][m]:.4f}) is beaten by "
-                 f"{len(better)} of {len(rows) - 1} other rows"
-                 + (f" ({', '.join(better)})" if better else "") + ".\n")
+    lines.append(text("beaten", dot=dot["metrics"][m], n=len(better), others=len(rows) - 1,
+                      names=f" ({', '.join(better)})" if better else ""))
   col = next((r for r in results["rows"] if r["scorer"] == "colbert" and not r["trained"]), None)
   lite = rows.get("lite")
   if col is not None and lite is not None:
-    lines.append(
-        f"- Frozen encoder, as appendix A.4: untrained ColBERT {col['metrics'][m]:.4f} vs "
-        f"trained separable LITE {lite['metrics'][m]:.4f} {m} "
-        f"({'LITE ahead' if lite['metrics'][m] > col['metrics'][m] else 'ColBERT ahead'}; the "
-        f"paper, on MS MARCO: ColBERT {PAPER_A4['colbert']} vs LITE {PAPER_A4['lite']}).\n")
-  distilled = [r for r in results["rows"] if r.get("teacher")]
-  for r in distilled:
+    c, t = col["metrics"][m], lite["metrics"][m]
+    lines.append(text("frozen", colbert=c, lite=t, ahead="LITE ahead" if t > c else "ColBERT ahead",
+                      paper_colbert=PAPER_A4["colbert"], paper_lite=PAPER_A4["lite"]))
+  for r in (r for r in results["rows"] if r.get("teacher")):
     base = rows.get(r["row"].split(" (")[0])
     if base is not None:
-      diff = r["metrics"][m] - base["metrics"][m]
-      lines.append(f"- {r['row']}: {r['metrics'][m]:.4f} {m}, {diff:+.4f} vs the same scorer "
-                   f"trained with cross entropy.\n")
+      lines.append(text("distilled", row=r["row"], value=r["metrics"][m],
+                        diff=r["metrics"][m] - base["metrics"][m]))
   if results["teacher"]:
-    t = results["teachers"][results["teacher"]]
-    lines.append(f"- Teacher: {results['teacher']} (chosen on dev {config.train.select_metric}: "
-                 + ", ".join(f"{k} {v['dev'][config.train.select_metric]:.4f}"
-                             for k, v in results["teachers"].items())
-                 + f"); its test {m} {t['metrics'][m]:.4f}.\n")
+    scores = ", ".join(f"{k} {v['dev'][sel]:.4f}" for k, v in results["teachers"].items())
+    lines.append(text("teacher", teacher=results["teacher"], sel=sel, scores=scores,
+                      value=results["teachers"][results["teacher"]]["metrics"][m]))
   hyb = next((r for r in results["rows"] if r["scorer"] == "hybrid"), None)
   if hyb is not None:
-    d = rows[hyb["dense"]]
-    lines.append(f"- Hybrid of {hyb['dense']} with BM25 (lam {hyb['lambda']:.2f} on dev): "
-                 f"{hyb['metrics'][m]:.4f} vs {d['metrics'][m]:.4f} dense alone and "
-                 f"{results['teachers']['bm25']['metrics'][m]:.4f} BM25 alone.\n")
+    lines.append(text("hybrid", dense=hyb["dense"], lam=hyb["lambda"], hybrid=hyb["metrics"][m],
+                      alone=rows[hyb["dense"]]["metrics"][m],
+                      bm25=results["teachers"]["bm25"]["metrics"][m]))
   trained = [r for r in results["rows"] if r.get("best_step") is not None]
   last = [r["row"] for r in trained if r["best_step"] == config.train.steps]
   if trained:
-    lines.append(f"- Dev selection kept the last step ({config.train.steps}) for {len(last)} of "
-                 f"{len(trained)} trained rows" + (f" ({', '.join(last)}): they may gain from "
-                                                   "more steps" if last else "") + ".\n")
+    lines.append(text("last_step", steps=config.train.steps, n=len(last), trained=len(trained),
+                      names=f" ({', '.join(last)}): they may gain from more steps" if last
+                      else ""))
   if "dot" in rows:
     de_ms, de_b = rows["dot"]["ms_1q_100d"], rows["dot"]["bytes_per_doc"]
     lines.append("- Cost vs DE (latency x, storage x): " + ", ".join(

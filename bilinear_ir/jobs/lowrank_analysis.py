@@ -22,16 +22,15 @@ Curves are means over the training seeds; the spectrum is the mean of the seeds'
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from bilinear_ir import lowrank
 from bilinear_ir import progress
 from bilinear_ir.config import embedding_specs
 from bilinear_ir.errors import require
-from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import truncation
 from bilinear_ir.experiment import validation
@@ -47,7 +46,6 @@ PAPER = {"collection": "MS MARCO", "n": 768, "measure": "mrr@10",
          "params": {96: 73_728, "full": 589_824},
          "sigma_first": 5.467, "sigma_last": 0.0004,
          "gains": {"2->16": 1.35, "16->64": 0.75, "96->full": 0.25}}
-_FULL_W = {"scorer": "bilinear", "rank": None, "residual": None}
 PROCEDURE = ("SVD truncation W_r of one trained full W per embedding and seed (the paper's Fig. 1 "
              "procedure); not the reproduce_table job's low-rank rows, which train P Q^T at each "
              "rank")
@@ -69,7 +67,7 @@ def validate(config) -> None:
     for x in config.rank_selection[key]:
       validation.real(x, f"rank_selection.{key}", 0.0, 1.0, low_open=True)
   validation.real(config.rank_selection.share, "rank_selection.share", 0.0, 1.0, low_open=True)
-  validation.check_model(spec_lib.model_block(config.model, _FULL_W))
+  validation.check_model(spec_lib.model_block(config.model, truncation.FULL_W))
 
 
 def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
@@ -80,24 +78,8 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     emb_name = recipe.name
     require(len(splitset.dev.query_ids) > 0, "rank selection needs a dev split; set "
             "data.dev_fraction > 0", field="data.dev_fraction")
-    outs = rows_lib.seed_runs(recipe, _FULL_W, config.seeds, prepared, splitset,
-                              each=lambda *_: bar.update(1))
-    trained = [(seed, np.asarray(o["params"]["W"], np.float32), o["best_step"])
-               for seed, o in zip(config.seeds, outs)]
-    spectra = [np.asarray(lowrank.spectrum(jnp.asarray(W)), np.float64) for _, W, _ in trained]
-    selections = truncation.select_ranks(np.mean(spectra, axis=0), config.rank_selection)
-    ranks = truncation.evaluated_ranks(config.ranks, prepared.dim,
-                                       [s["rank"] for s in selections])
-    per_seed = [truncation.analyze(W, prepared, splitset, config, ranks, seed)
-                for seed, W, _ in trained]
-    res = truncation.summarize(per_seed, ranks, selections, config)
-    spec = embedding_specs.embedding_spec(emb_name)
-    res.update(pooling=spec.get("pooling"), normalize=spec["normalize"], seeds=list(config.seeds),
-               best_steps=[b for _, _, b in trained],
-               distance_from_identity=truncation.mean([
-                   float(np.linalg.norm(W - np.eye(W.shape[0])) / np.sqrt(W.shape[0]))
-                   for _, W, _ in trained]))
-    out[emb_name] = res
+    out[emb_name] = res = truncation.trained_and_truncated(recipe, prepared, splitset, config,
+                                                           each=lambda *_: bar.update(1))
     m0 = config.eval.measures[0]
     bar.write(f"{emb_name:>4}: full W test {m0} {res['full']['test'][m0]:.4f}; "
               + ", ".join(f"r={row['rank']}: {row[m0]:.4f}" for row in res["by_rank"]))
@@ -105,16 +87,8 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
             "dev_queries": len(splitset.dev.query_ids)}
   bar.close()
   first = config.embeddings[0]
-  embs = list(out.values())
-  count = sum(e["pointwise_checks"] for e in embs)
-  ratio_count = sum(e["error_over_bound_count"] for e in embs)
   results = {
-      "pointwise_checks": count,
-      "pointwise_violations": sum(e["pointwise_violations"] for e in embs),
-      "max_error_over_bound": max(e["max_error_over_bound"] for e in embs),
-      "mean_error_over_bound": (sum(e["mean_error_over_bound"] * e["error_over_bound_count"]
-                                    for e in embs if e["error_over_bound_count"]) / ratio_count
-                                if ratio_count else None),
+      **truncation.pointwise_totals(list(out.values())),
       "pointwise_tolerance": float(config.pointwise.tolerance),
       "by_rank": out[first]["by_rank"],
       "primary_embedding": first,
@@ -127,10 +101,6 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   }
   return report.Report(results=results, markdown=markdown(results, config),
                        figures=figures(results, config))
-
-
-def _fmt_g(x: float | None) -> str:
-  return report.fmt(x, 3, "g")
 
 
 def _pct(x: float | None) -> str:
@@ -186,21 +156,10 @@ def markdown(results: dict[str, Any], config) -> str:
   return "".join(out)
 
 
-def _share_at(e: dict[str, Any], rank: int, measure: str) -> float | None:
-  row = next((r for r in e["by_rank"] if r["rank"] == rank), None)
-  return None if row is None else row["share_of_full_by_measure"][measure]
-
-
-def _gain(e: dict[str, Any], a: int, b: int, measure: str) -> float | None:
-  by = {r["rank"]: r[measure] for r in e["by_rank"]}
-  if a not in by or b not in by or not by[a]:
-    return None
-  return by[b] / by[a] - 1.0
-
-
 def findings(results: dict[str, Any], config) -> str:
   """What the numbers say, computed from them, next to the paper's section 5."""
   m0 = config.eval.measures[0]
+  g3 = functools.partial(report.fmt, digits=3, style="g")
   lines = ["## What the numbers say\n\n"]
   for emb, e in results["embeddings"].items():
     s = e["spectrum"]
@@ -209,20 +168,20 @@ def findings(results: dict[str, Any], config) -> str:
     vals = [r[m0] for r in e["by_rank"]]
     rising = all(b >= a - 1e-9 for a, b in zip(vals, vals[1:]))
     shares = ", ".join(
-        f"r={r}: {_pct(_share_at(e, r, m0))} of {m0}"
-        + (f" / {_pct(_share_at(e, r, 'mrr@10'))} of mrr@10"
+        f"r={r}: {_pct(truncation.share_at(e, r, m0))} of {m0}"
+        + (f" / {_pct(truncation.share_at(e, r, 'mrr@10'))} of mrr@10"
            if "mrr@10" in config.eval.measures and m0 != "mrr@10" else "")
-        for r in PAPER["share"] if _share_at(e, r, m0) is not None)
+        for r in PAPER["share"] if truncation.share_at(e, r, m0) is not None)
     sel = e["rank_selection"]
     spec = ", ".join(f"{x['criterion']} {x['target']:g} -> r={x['rank']} "
                      f"({_pct(x['share_of_full'])})" for x in sel["spectrum"])
     reach = sel["smallest_reaching_share_dev"]
-    gains = [(k, _gain(e, a, b, "mrr@10" if "mrr@10" in config.eval.measures else m0))
+    gains = [(k, truncation.gain(e, a, b, "mrr@10" if "mrr@10" in config.eval.measures else m0))
              for k, (a, b) in (("2->16", (2, 16)), ("16->64", (16, 64)), ("96->n", (96, n)))]
     wr = e["witness_error_over_bound_range"]
     lines.append(report.prose(
         JOB, "bullet", emb=emb, best_steps=e["best_steps"], distance=e["distance_from_identity"],
-        first=s[0], last=s[-1], orders=_fmt_g(e["spectrum_decay_orders"]),
+        first=s[0], last=s[-1], orders=g3(e["spectrum_decay_orders"]),
         paper_first=PAPER["sigma_first"], paper_last=PAPER["sigma_last"],
         median=float(np.median(s)), e50=by_energy[0.5], e90=by_energy[0.9],
         e99=by_energy[0.99], n=n, shares=shares, m0=m0,
@@ -236,9 +195,9 @@ def findings(results: dict[str, Any], config) -> str:
             compression=n / reach["rank"]).rstrip("\n"),
         checks=e["pointwise_checks"], pairs=e["pointwise_pairs"], n_ranks=len(e["by_rank"]),
         violations=e["pointwise_violations"], max_ratio=e["max_error_over_bound"],
-        mean_ratio=_fmt_g(e["mean_error_over_bound"]),
-        mean_top=_fmt_g(e["mean_error_over_bound_top"]),
-        mean_random=_fmt_g(e["mean_error_over_bound_random"]),
+        mean_ratio=g3(e["mean_error_over_bound"]),
+        mean_top=g3(e["mean_error_over_bound_top"]),
+        mean_random=g3(e["mean_error_over_bound_random"]),
         mean_pct=_pct(e["mean_error_over_bound"]),
         witness="-" if wr is None else f"{wr[0]:.7f} to {wr[1]:.7f}"))
   lines.append("\n" + report.prose(
