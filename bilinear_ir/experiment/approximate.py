@@ -4,6 +4,7 @@
 TopKPerEmbd, TopKAvg, CombTopK) and brute force on the same queries, and reports what the
 paper's Table 5 does: the hit rate relative to brute force, the true gap and the Theorem 2 / 3
 bounds, how much each re-scores, and its time relative to brute force in the same run.
+`gate_entropies` / `gate_sample` read how a MoL spreads its mass over its P logits.
 """
 from __future__ import annotations
 
@@ -93,3 +94,21 @@ def mol_costs(module, params, queries: np.ndarray, docs: np.ndarray, rcfg
                  "fallback": float(np.mean(res.fallback)), "seconds": seconds,
                  "time_vs_brute_force": seconds / max(bf_seconds, 1e-9)})
   return rows
+
+
+def gate_entropies(gates: np.ndarray) -> tuple[float, float]:
+  """(H(p), H(p | (q, x))) in nats of gates (..., P): the entropy of the mean gate and the mean
+  entropy of each pair's gate; L_MI = -H(p) + H(p | (q, x))."""
+  g = np.asarray(gates, np.float64).reshape(-1, np.shape(gates)[-1])
+  ent = lambda x: -np.sum(np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0), axis=-1)
+  return float(ent(g.mean(axis=0))), float(np.mean(ent(g)))
+
+
+def gate_sample(module, params, queries: np.ndarray, docs: np.ndarray, num_docs: int,
+                seed: int) -> tuple[float, float]:
+  """Gate entropies (`gate_entropies`) of a MoL `module`'s gates for every query [Q, n] against
+  `num_docs` of `docs` [N, n] drawn by `seed`: (H(p), H(p|q,x))."""
+  rows = np.random.default_rng([seed, 3]).choice(len(docs), min(num_docs, len(docs)),
+                                                 replace=False)
+  gates = module.apply({"params": params}, queries, docs[np.sort(rows)], method=module.gates)
+  return gate_entropies(np.asarray(gates))

@@ -41,14 +41,6 @@ BASELINES = ("wdp", "bilinear")
 JOB = "mol"
 
 
-def gate_entropies(gates: np.ndarray) -> tuple[float, float]:
-  """(H(p), H(p | (q, x))) in nats of gates (..., P): the entropy of the mean gate and the mean
-  entropy of each pair's gate; L_MI = -H(p) + H(p | (q, x))."""
-  g = np.asarray(gates, np.float64).reshape(-1, np.shape(gates)[-1])
-  ent = lambda x: -np.sum(np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0), axis=-1)
-  return float(ent(g.mean(axis=0))), float(np.mean(ent(g)))
-
-
 def mol_grid(config) -> list[dict[str, Any]]:
   """The MoL rows: [{"scorer": "mol", "p_q", "p_x", "d_p", "mi_weight"}] in table order."""
   return [{"scorer": "mol", "p_q": int(p), "p_x": int(p), "d_p": int(config.model.d_p),
@@ -61,15 +53,6 @@ def label(spec: dict[str, Any]) -> str:
     return f"MoL {spec['p_q']}x{spec['p_x']}, d_P={spec['d_p']}, alpha={spec['mi_weight']:g}"
   return {"dot": "dot (untrained)", "bm25": "BM25", "wdp": "WDP"}.get(spec["scorer"],
                                                                         spec["scorer"])
-
-
-def _mol_gates_sample(module, params, queries: np.ndarray, docs: np.ndarray, num_docs: int,
-                      seed: int) -> tuple[float, float]:
-  """Gate entropies of every query against `num_docs` docs drawn by `seed`: (H(p), H(p|q,x))."""
-  rows = np.random.default_rng([seed, 3]).choice(len(docs), min(num_docs, len(docs)),
-                                                 replace=False)
-  gates = module.apply({"params": params}, queries, docs[np.sort(rows)], method=module.gates)
-  return gate_entropies(np.asarray(gates))
 
 
 def _specs(config) -> list[dict[str, Any]]:
@@ -128,8 +111,8 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       def each(seed, out, s=s, entropies=entropies):
         # aux_loss="auto" (the default) adds MoL's L_MI (`train.losses.mi_loss`).
         if s["scorer"] == "mol":
-          entropies.append(_mol_gates_sample(out["module"], out["params"], test_q, docs,
-                                             int(config.gate_sample_docs), seed))
+          entropies.append(approximate.gate_sample(out["module"], out["params"], test_q, docs,
+                                                   int(config.gate_sample_docs), seed))
         bar.update(1)
 
       outs = rows_lib.seed_runs(recipe, s, config.seeds, prepared, splitset, each=each,

@@ -124,12 +124,12 @@ def test_mi_loss_compares_by_module_and_is_none_without_weight():
 def test_gate_entropies_closed_forms():
   p = 4
   uniform = np.full((3, 5, p), 1.0 / p)
-  assert mol_table.gate_entropies(uniform) == pytest.approx((np.log(p), np.log(p)))
+  assert approximate.gate_entropies(uniform) == pytest.approx((np.log(p), np.log(p)))
   one_hot = np.tile(np.eye(p), (2, 1))  # each pair uses one logit, all logits equally often
-  assert mol_table.gate_entropies(one_hot) == pytest.approx((np.log(p), 0.0), abs=1e-12)
+  assert approximate.gate_entropies(one_hot) == pytest.approx((np.log(p), 0.0), abs=1e-12)
   same = np.tile([[0.7, 0.1, 0.1, 0.1]], (6, 1))  # every pair the same gate: H(p) = H(p|q,x)
   h = -(0.7 * np.log(0.7) + 3 * 0.1 * np.log(0.1))
-  assert mol_table.gate_entropies(same) == pytest.approx((h, h))
+  assert approximate.gate_entropies(same) == pytest.approx((h, h))
 
 
 def test_score_topk_blocks_fit_the_budget_and_stay_exact():
