@@ -89,7 +89,6 @@ import torch_peer  # benchmarks/torch_peer.py
 from bilinear_ir import allocator, files, scorers, timing
 from bilinear_ir.retrieval import exact
 from bilinear_ir.retrieval import mol_topk as mol_retrieval
-from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 
 CASES = {"q1000_d200000_n384_k10": (1000, 200_000), "q32_d1000000_n384_k10": (32, 1_000_000)}
 CHUNKS = (8192, 32768, 131072, 262144, 1 << 20)

@@ -7,7 +7,6 @@ import pytest
 
 from bilinear_ir import scorers
 from bilinear_ir.retrieval import mol_topk as mt
-from bilinear_ir.scorers import mol  # noqa: F401  (registers "mol")
 
 
 def test_default_chunk_per_device():
