@@ -4,7 +4,9 @@ For each frozen embedding (e.g. all-MiniLM-L6-v2 "mean" = mean-pooled + normalis
 the dot product; "cls" = CLS-pooled, unnormalised, misaligned) and each seed: the untrained dot
 product, WDP, low-rank `P Q^T` at every rank (pure, as in the paper, and residual `I + P Q^T`),
 full bilinear, BM25, and a hybrid of the best learned similarity (picked on dev) with BM25. Every
-model is selected on the dev split carved out of train; test is only evaluated.
+model is selected on dev (the collection's own dev split, e.g. InsuranceQA's, else a part carved
+out of train); test is only evaluated. Where the collection lists each test question's negatives,
+every row also reports P@1 over the question's own pool (`p_at_1_pool`).
 """
 from __future__ import annotations
 
@@ -27,46 +29,6 @@ from bilinear_ir.jobs import report
 JOB = "reproduce_table"
 
 
-def model_grid(config) -> list[dict[str, Any]]:
-  """The trained rows: [{"scorer", "rank", "residual", "source"}] in table order: every row on
-  the judged pairs ("qrels"), then the rows of `config.source_rows` again for each source of
-  `config.sources` (pairs the corpus makes itself, "ict", or both)."""
-  grid = [{"scorer": "wdp", "rank": None, "residual": None}]
-  for residual in config.residuals:
-    for r in config.ranks:
-      grid.append({"scorer": "lowrank", "rank": int(r), "residual": residual})
-  grid.append({"scorer": "bilinear", "rank": None, "residual": None})
-  if config.mol:
-    grid.append({**dict(config.mol_row), "rank": None, "residual": None})
-  grid = [{**spec, "source": "qrels"} for spec in grid]
-  for source in config.sources:
-    grid += [{**spec, "source": source} for spec in grid[:len(grid)]
-             if spec["source"] == "qrels" and _slug(spec) in config.source_rows]
-  return grid
-
-
-def _slug(spec: dict[str, Any]) -> str:
-  """A folder name for a row: wdp, bilinear, lowrank_r32, lowrank_r32_identity (+ _ict,
-  _both for the other training sources)."""
-  name = spec["scorer"] if spec["scorer"] != "lowrank" else (
-      f"lowrank_r{spec['rank']}" + ("" if spec["residual"] == "none" else
-                                    f"_{spec['residual']}"))
-  return name + ("" if spec.get("source", "qrels") == "qrels" else f"_{spec['source']}")
-
-
-SOURCE_LABELS = {"qrels": "", "ict": ", ICT pairs", "both": ", qrels + ICT pairs"}
-
-
-def _label(spec: dict[str, Any]) -> str:
-  name = spec["scorer"]
-  if spec["scorer"] == "lowrank":
-    name = f"lowrank r={spec['rank']}" + ("" if spec["residual"] == "none" else
-                                         f" ({spec['residual']} + PQ^T)")
-  elif spec["scorer"] == "mol":
-    name = f"MoL (P = {spec['p_q']})"
-  return name + SOURCE_LABELS[spec.get("source", "qrels")]
-
-
 def validate(config) -> None:
   """Refuses a bad config before any work (`experiment.validation`)."""
   if config.collection:
@@ -77,13 +39,14 @@ def validate(config) -> None:
     validation.one_of(residual, ("none", "identity", "diag"), "residuals")
   for source in config.sources:
     validation.one_of(source, ("ict", "both"), "sources")
-  slugs = {_slug(spec) for spec in model_grid(config) if spec["source"] == "qrels"}
+  slugs = {spec_lib.row_slug(spec) for spec in spec_lib.table_grid(config)
+           if spec["source"] == "qrels"}
   for name in config.source_rows if config.sources else ():
     validation.one_of(name, sorted(slugs), "source_rows")
   if config.sources:
     require(config.encoder.kind == "flax", "ICT pairs are new texts: sources need "
             "encoder.kind 'flax'", field="sources")
-  for s in model_grid(config):
+  for s in spec_lib.table_grid(config):
     validation.check_model(spec_lib.model_block(config.model, s))
   validation.check_train(spec_lib.Recipe.of(config, "").row(
       {"scorer": "mol"}, 0, config.mol_train).train, "mol_train")
@@ -91,7 +54,7 @@ def validate(config) -> None:
 
 def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
   """The `reproduce_table` job (configs/reproduce_table.py)."""
-  grid = model_grid(config)
+  grid = spec_lib.table_grid(config)
   measures = list(config.eval.measures)
   m0, sel = measures[0], config.train.select_metric
   rows, per_query, models, unseen_counts = [], [], {}, {}
@@ -123,11 +86,13 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
       rows.append(row)
       per_query.append(rows_lib.seed_mean([o["per_query"] for o in outs], m0))
       for seed, o in zip(config.seeds, outs):
-        models[f"{emb_name}/{_slug(s)}/seed{seed}"] = (
+        models[f"{emb_name}/{spec_lib.row_slug(s)}/seed{seed}"] = (
             o["module"], o["params"], prepared.embeddings.manifest["settings"],
-            {"collection": prepared.collection.name, "seed": int(seed), "row": _label(s)})
+            {"collection": prepared.collection.name, "seed": int(seed),
+             "row": spec_lib.row_label(s)})
       trained.append((s, outs, row["dev"][sel]))
-      bar.write(f"{emb_name:>4} {_label(s):<28} test {m0} {row['metrics'][m0]:.4f} +- "
+      bar.write(f"{emb_name:>4} {spec_lib.row_label(s):<28} test {m0} "
+                f"{row['metrics'][m0]:.4f} +- "
                 f"{row['std'][m0]:.4f} (dev {sel} {report.fmt(row['dev'][sel], 4)})")
     # The hybrid's dense partner: the row best on the judged dev split (ICT rows select on
     # held-out ICT pairs, whose metric is not comparable).
@@ -137,7 +102,8 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     mean, std = rows_lib.aggregate([h[0]["mean"] for h in hyb], measures)
     mean.update(pool([(h[1], o["module"], o["params"]) for h, o in zip(hyb, best_outs)]))
     rows.append({**base, "scorer": "hybrid", "rank": best["rank"], "residual": best["residual"],
-                 "dense": _label(best), "lambda": [h[1] for h in hyb], "metrics": mean,
+                 "dense": spec_lib.row_label(best), "lambda": [h[1] for h in hyb],
+                 "metrics": mean,
                  "std": std, "seeds": len(hyb),
                  "unseen_docs": rows_lib.unseen_mean([h[0] for h in hyb], unseen, m0)})
     per_query.append(rows_lib.seed_mean([h[0]["per_query"] for h in hyb], m0))
@@ -165,7 +131,7 @@ def _row_name(row: dict[str, Any]) -> str:
     return f"hybrid ({row['dense']} + BM25)"
   if row["scorer"] in ("dot", "bm25"):
     return {"dot": "dot (untrained)", "bm25": "BM25"}[row["scorer"]]
-  return _label(row)
+  return spec_lib.row_label(row)
 
 
 def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int]) -> str:
