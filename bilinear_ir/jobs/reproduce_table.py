@@ -3,10 +3,9 @@
 For each frozen embedding (e.g. all-MiniLM-L6-v2 "mean" = mean-pooled + normalised, aligned with
 the dot product; "cls" = CLS-pooled, unnormalised, misaligned) and each seed: the untrained dot
 product, WDP, low-rank `P Q^T` at every rank (pure, as in the paper, and residual `I + P Q^T`),
-full bilinear, BM25, and a hybrid of the best learned similarity (picked on dev) with BM25. Every
-model is selected on dev (the collection's own dev split, e.g. InsuranceQA's, else a part carved
-out of train); test is only evaluated. Where the collection lists each test question's negatives,
-every row also reports P@1 over the question's own pool (`p_at_1_pool`).
+full bilinear, BM25, and a hybrid of the best learned similarity (picked on dev) with BM25, all
+selected on dev (the collection's own dev split, else carved out of train), test only evaluated;
+P@1 over each test question's own pool (`p_at_1_pool`) where the collection lists negatives.
 """
 from __future__ import annotations
 
@@ -109,17 +108,15 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     per_query.append(rows_lib.seed_mean([h[0]["per_query"] for h in hyb], m0))
   bar.close()
   compare.against_baselines(rows, per_query, ("embedding",), config)
-  results = {"rows": rows, "collection": prepared.collection.name,
-             "test_queries": len(test.query_ids), "seeds": list(config.seeds),
-             "std": "sample std (ddof = 1) over the seeds",
+  coll = prepared.collection.name
+  results = {"rows": rows, "collection": coll, "test_queries": len(test.query_ids),
+             "seeds": list(config.seeds), "std": "sample std (ddof = 1) over the seeds",
              "paired": f"{m0} per query (mean over seeds) against dot and against BM25: "
                        "randomization test, Holm-adjusted over each family (eval.stats)",
              "unseen_doc_queries": unseen_counts}
   if "p_at_1_pool" in rows[0]["metrics"]:
-    results["p_at_1_pool"] = ("the answer-selection view: P@1 over each test question's own "
-                              "pool (its gold answers and the negatives the collection lists "
-                              "for it), mean over seeds")
-  return report.Report(results=results, markdown=markdown(rows, config, unseen_counts),
+    results["p_at_1_pool"] = report.prose(JOB, "pool").strip()
+  return report.Report(results=results, markdown=markdown(rows, config, unseen_counts, coll),
                        figures={"metric_vs_rank": plot(rows, config)},
                        extra_files={"run_bm25.trec": trec.run_to_text(bm25_run, "bm25")},
                        folders={"models": functools.partial(saved_model.save_many,
@@ -134,7 +131,8 @@ def _row_name(row: dict[str, Any]) -> str:
   return spec_lib.row_label(row)
 
 
-def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int]) -> str:
+def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int],
+             collection: str = "SciFact") -> str:
   """The results table per embedding (mean +- std over seeds) and what it says."""
   measures = list(config.eval.measures)
   m0 = measures[0]
@@ -163,12 +161,14 @@ def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int]) 
                                        f"{m0} vs dot", f"{m0} vs BM25"]))
   out.append("\n" + report.prose(JOB, "units", seeds=len(config.seeds), m0=m0,
                                  alpha=config.stats.alpha))
-  out.append("\n" + report.prose(JOB, "unseen", m0=m0))
-  out.append("\n" + findings(rows, config))
+  pool = "p_at_1_pool" in rows[0]["metrics"]
+  out.append("\n" + report.prose(JOB, "unseen", m0=m0, pool=report.prose(
+      JOB, "pool").rstrip("\n") if pool else ""))
+  out.append("\n" + findings(rows, config, collection))
   return "".join(out)
 
 
-def findings(rows: list[dict[str, Any]], config) -> str:
+def findings(rows: list[dict[str, Any]], config, collection: str = "SciFact") -> str:
   """Where the numbers agree and disagree with the paper, computed from the rows: every "above"
   is a Holm-adjusted paired test against dot, and the best learned similarity is the one best
   on dev."""
@@ -200,9 +200,11 @@ def findings(rows: list[dict[str, Any]], config) -> str:
     lines.append(report.prose(
         JOB, "bullet", emb=emb, dot=val(dot), wdp=val(by[("wdp", None, None)]),
         wdp_vs=versus(by[("wdp", None, None)]), full=val(by[("bilinear", None, None)]),
-        full_vs=versus(by[("bilinear", None, None)]), pure_sig=sig(pure), pure_n=len(pure),
-        rising="rises monotonically" if rising else "does not rise monotonically",
-        pure=listed(pure), learned=_row_name(learned), learned_val=val(learned),
+        full_vs=versus(by[("bilinear", None, None)]),
+        pure=(report.prose(JOB, "pure", sig=sig(pure), n=len(pure), values=listed(pure),
+                           rising="rises monotonically" if rising
+                           else "does not rise monotonically").rstrip("\n") if pure else ""),
+        learned=_row_name(learned), learned_val=val(learned),
         resid=(report.prose(JOB, "resid", sig=sig(resid), n=len(resid),
                             values=listed(resid)).rstrip("\n") if resid else ""),
         learned_vs=versus(learned), bm25=val(bm25),
@@ -215,7 +217,7 @@ def findings(rows: list[dict[str, Any]], config) -> str:
       lines.append(report.prose(JOB, "others", rows="; ".join(
           f"{_row_name(r)} {val(r):.4f} ({versus(r)}), unseen-doc {r['unseen_docs'][m]:.4f}"
           for r in others), dot_unseen=dot["unseen_docs"][m]))
-  lines.append("\n" + report.prose(JOB, "paper", m=m))
+  lines.append("\n" + report.prose(JOB, "paper", m=m, collection=collection))
   return "".join(lines)
 
 
