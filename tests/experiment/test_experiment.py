@@ -101,7 +101,10 @@ def test_against_baselines_adds_one_holm_family_per_baseline():
 
 
 def test_prose_fills_a_template_section():
-  text = report.prose("reproduce_table", "unseen", m0="ndcg@10")
+  text = report.prose("reproduce_table", "unseen", m0="ndcg@10", pool="")
   assert text.startswith("*unseen docs*: ndcg@10 on the test queries") and text.endswith(".\n")
+  pool = report.prose("reproduce_table", "pool").rstrip("\n")
+  with_pool = report.prose("reproduce_table", "unseen", m0="ndcg@10", pool=pool)
+  assert with_pool == text.rstrip("\n") + pool + "\n" and "own pool" in pool
   assert report.prose("synthetic_agreement", "theorem", n=4, lp_bilinear="b", lp_wdp="w",
                       universal="u", bound="B", overlap="o", fixed="f").count("{d1, d2}") == 1
