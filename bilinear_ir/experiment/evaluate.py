@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import flax.linen as nn
-import jax
 import numpy as np
 
 from bilinear_ir.data import pipeline
@@ -86,15 +85,14 @@ def evaluate_hybrid(module: nn.Module, params: Any, prepared, dev, test, cfg,
     (test metrics `{"mean", "per_query"}`, the chosen lam, the test run).
   """
   emb = prepared.embeddings
-  variables = {"params": params}
-  pair = jax.jit(lambda q, d: module.apply(variables, q, d, method=module.score_pairs))
 
   def candidates(split):
     rows = prepared.query_row_index(split.query_ids)
     d_idx, d_scores = ranking.score_topk(module, params, emb.queries[rows], emb.docs, cfg.depth)
     b_idx = prepared.bm25_idx[rows][:, :cfg.depth]
     b_scores = prepared.bm25_scores[rows][:, :cfg.depth]
-    dense_fn = lambda qi, di: np.asarray(pair(emb.queries[rows[qi]], emb.docs[di]))
+    dense_fn = lambda qi, di: ranking.pair_scores(module, params, emb.queries[rows[qi]],
+                                                  emb.docs[di])
     bm25_fn = lambda qi, di: prepared.bm25_pair_scores(rows[qi], di)
     return hybrid.union_candidates(d_idx, d_scores, b_idx, b_scores, dense_fn, bm25_fn)
 
@@ -178,9 +176,8 @@ def pool_p_at_1(prepared, split, pools: np.ndarray, lam: float, normalize: str =
   if lam > 0:
     require(module is not None, "a dense weight needs the dense scorer", field="lam")
     emb = prepared.embeddings
-    pair = jax.jit(lambda q, d: module.apply({"params": params}, q, d,
-                                             method=module.score_pairs))
-    dense[q_idx, pos] = np.asarray(pair(emb.queries[rows[q_idx]], emb.docs[pools[q_idx, pos]]))
+    dense[q_idx, pos] = ranking.pair_scores(module, params, emb.queries[rows[q_idx]],
+                                            emb.docs[pools[q_idx, pos]])
   if lam < 1:
     sparse[q_idx, pos] = prepared.bm25_pair_scores(rows[q_idx], pools[q_idx, pos])
   top, _ = hybrid.rank_candidates(hybrid.Candidates(pools, dense, sparse), lam,

@@ -126,6 +126,12 @@ def index_from_components(items: jnp.ndarray, p_q: int) -> MolIndex:
   return MolIndex(items=items, avg=jnp.sum(items, axis=1) / (p_q * items.shape[1]))
 
 
+@functools.partial(jax.jit, static_argnames=("mol",))
+def _item_components(params: Any, *docs: jnp.ndarray, mol: nn.Module) -> jnp.ndarray:
+  """docs [C, n] (or [C, T, n], [C, T]) -> (C, P_x, d_P); compiled once per module and shape."""
+  return mol.apply({"params": params}, *docs, method=mol.item_components)
+
+
 def build_index(mol: nn.Module, params: Any, *docs: np.ndarray | jnp.ndarray,
                 chunk: int = DEFAULT_CHUNK) -> MolIndex:
   """Item components of every doc, computed `chunk` docs at a time, and the TopKAvg table.
@@ -139,9 +145,9 @@ def build_index(mol: nn.Module, params: Any, *docs: np.ndarray | jnp.ndarray,
   Returns:
     The `MolIndex` (N, P_x, d_P) + (N, d_P).
   """
-  fn = jax.jit(lambda p, *d: mol.apply({"params": p}, *d, method=mol.item_components))
   n = docs[0].shape[0]
-  parts = [fn(params, *(x[i:i + chunk] for x in docs)) for i in range(0, n, chunk)]
+  parts = [_item_components(params, *(x[i:i + chunk] for x in docs), mol=mol)
+           for i in range(0, n, chunk)]
   return index_from_components(jnp.concatenate(parts, axis=0), mol.p_q)
 
 

@@ -1,9 +1,11 @@
 """Rank a collection's queries with a trained scorer: the whole corpus or given candidates.
 
-`score_topk` ranks the whole corpus (exact top-k through the scorer's tables when it has them,
-chunked brute force through `score_all` otherwise); `rerank` re-scores given candidates per query
-(e.g. BM25's top 1,000, as the bilinear paper's public code does). Evaluating a ranking is the
-experiment protocol's (`bilinear_ir.experiment.evaluate`).
+`score_topk` ranks the whole corpus (exact top-k through the scorer's tables when it has them;
+for MoL, the jitted exact scan over its precomputed item components, `mol_topk.brute_force`;
+chunked brute force through `score_all` otherwise); `pair_scores` scores given (query, doc)
+pairs; `rerank` re-scores given candidates per query (e.g. BM25's top 1,000, as the bilinear
+paper's public code does). Evaluating a ranking is the experiment protocol's
+(`bilinear_ir.experiment.evaluate`).
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bilinear_ir.retrieval import exact
+from bilinear_ir.retrieval import mol_topk
 from bilinear_ir.scorers.base import TableScorer
+from bilinear_ir.scorers.mol import Mol
 
 
 def _as_tuple(feats: Any) -> tuple:
@@ -31,6 +35,7 @@ def _num_rows(feats: Any) -> int:
   return _as_tuple(feats)[0].shape[0]
 
 
+MOL_QUERY_CHUNK = 128  # queries per `mol_topk.brute_force` call in `score_topk`
 BLOCK_BYTES = 1 << 28  # scratch memory of one score_all block of a table-less scorer (256 MiB)
 _PROBE = (8, 256)  # (queries, docs) of the block compiled to measure a scorer's bytes per pair
 _bytes_per_pair_cache: dict[tuple, float] = {}
@@ -44,6 +49,18 @@ def _score_block(params: Any, q: tuple, d: tuple, *, module: nn.Module) -> jnp.n
   evaluation during training, several seeds) reuse the compiled block.
   """
   return module.apply({"params": params}, *q, *d, method=module.score_all)
+
+
+@functools.partial(jax.jit, static_argnames=("module",))
+def _score_pairs(params: Any, q: tuple, d: tuple, *, module: nn.Module) -> jnp.ndarray:
+  """score_pairs: q ([B, ...],) and d ([B, ...],) feature tuples -> [B]; compiled once per
+  module and shape (params are an argument)."""
+  return module.apply({"params": params}, *q, *d, method=module.score_pairs)
+
+
+def pair_scores(module: nn.Module, params: Any, q_feats: Any, d_feats: Any) -> np.ndarray:
+  """Scores of paired rows: q_feats [B, ...] and d_feats [B, ...] -> [B] (row i with row i)."""
+  return np.asarray(_score_pairs(params, _as_tuple(q_feats), _as_tuple(d_feats), module=module))
 
 
 def _spec(feats: Any, rows: int) -> tuple:
@@ -114,7 +131,18 @@ def score_topk(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, k: in
     qt = module.apply(variables, *_as_tuple(q_feats), method=module.query_table)
     res = exact.topk(qt, dt, k)
     return np.asarray(res.ids), np.asarray(res.scores)
-  # No tables (MoL, late interaction): score doc chunks and keep a running top-k, so memory is
+  if isinstance(module, Mol):
+    # Item components once; each query batch then runs the jitted exact scan of mol_topk.
+    index = mol_topk.build_index(module, params, *_as_tuple(d_feats), chunk=doc_chunk)
+    qc = module.apply(variables, *_as_tuple(q_feats), method=module.query_components)
+    outs = [mol_topk.brute_force(mol_topk.MolSource(qc[s:s + MOL_QUERY_CHUNK], index, params,
+                                                    module), k)
+            for s in range(0, qc.shape[0], MOL_QUERY_CHUNK)]
+    if not outs:
+      return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
+    return (np.concatenate([np.asarray(o.ids) for o in outs]),
+            np.concatenate([np.asarray(o.scores) for o in outs]))
+  # No tables (late interaction): score doc chunks and keep a running top-k, so memory is
   # bounded by one [query_chunk, doc_chunk] block, sized to `block_bytes`.
   query_chunk, doc_chunk = block_chunks(module, params, q_feats, d_feats, query_chunk,
                                         doc_chunk, block_bytes)

@@ -132,7 +132,8 @@ def test_gate_entropies_closed_forms():
   assert approximate.gate_entropies(same) == pytest.approx((h, h))
 
 
-def test_score_topk_blocks_fit_the_budget_and_stay_exact():
+def test_score_topk_blocks_fit_the_budget_and_stay_exact(monkeypatch):
+  monkeypatch.setattr(ranking, "MOL_QUERY_CHUNK", 5)  # MoL's exact scan over 3 query batches
   rng = np.random.default_rng(1)
   module = scorers.build("mol", dim=DIM, p_q=3, p_x=2, d_p=8, gate_hidden=16)
   params = scorers.init_params(module, jax.random.key(2))
