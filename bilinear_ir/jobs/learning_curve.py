@@ -100,7 +100,9 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
           candidates.append((s["name"], out))
           bar.update(1)
         name, out = rows_lib.best_on_dev(candidates, lambda t: t[1]["dev"].get(sel))
-        outs["learned"].append(out)
+        # The learned row costs every candidate's training, not only the chosen one's.
+        outs["learned"].append({**out, "seconds": sum(c.get("seconds", 0.0)
+                                                      for _, c in candidates[1:])})
         chosen.append(name)
       rows.append(_row(base, "dot", n, [dot], measures, sel))
       for name, model_outs in outs.items():

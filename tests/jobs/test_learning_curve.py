@@ -137,6 +137,9 @@ def test_learned_is_the_dev_best_candidate_per_seed(curve_run):
     learned = rows["learned"]
     assert len(learned["chosen"]) == len(config.seeds)
     assert all(c in ("dot", "wdp", "lowrank_r4") for c in learned["chosen"])
+    # Choosing trains every candidate: the learned row's time is theirs together.
+    assert learned["seconds"] == pytest.approx(rows["wdp"]["seconds"]
+                                               + rows["lowrank_r4"]["seconds"], abs=0.11)
     # One seed's choice equal for every seed: its dev mean is that candidate's.
     if len(set(learned["chosen"])) == 1:
       chosen = rows[learned["chosen"][0]]
