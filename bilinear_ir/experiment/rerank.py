@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from typing import Any, Callable
 
 import jax
@@ -281,15 +282,17 @@ def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple
   (`latency_inputs`) in `dtype`.
 
   Returns:
-    (Scored, {"trained", "best_step", "history"[, "temperature", "params"]}).
+    (Scored, {"trained", "best_step", "history"[, "temperature", "params", "train_seconds"]}).
   """
   params = jax.jit(lambda key: scorers.init_params(module, key))(jax.random.key(seed))
   info = {"trained": bool(jax.tree.leaves(params)), "best_step": None, "history": []}
   if info["trained"]:
+    started = time.perf_counter()
     fit = training.train_token_model(setting, module, params, tcfg, seed, teacher)
     params = fit.params
     info.update(best_step=fit.best_step, history=fit.history, temperature=fit.temperature,
-                params=int(sum(np.size(x) for x in jax.tree.leaves(params))))
+                params=int(sum(np.size(x) for x in jax.tree.leaves(params))),
+                train_seconds=round(time.perf_counter() - started, 1))
   q, qm, d, dm, _ = lat
   case = timing.mebert_case if scorer == "mebert" else timing.late_case
   lat_module = module if scorer == "mebert" else module.clone(doc_chunk=int(d.shape[0]))

@@ -242,7 +242,8 @@ def findings(results: dict[str, Any], config) -> str:
                       names=f" ({', '.join(last)}): they may gain from more steps" if last
                       else ""))
     lines.append(text("kept", n=len(kept), trained=len(trained), sel=sel,
-                      names=f" ({', '.join(kept)})" if kept else ""))
+                      names=f" ({', '.join(kept)}): they report ColBERT's numbers, "
+                      "`model_metrics` holds each trained model's own" if kept else ""))
   if "dot" in rows:
     de_ms, de_b = rows["dot"]["ms_1q_100d"], rows["dot"]["bytes_per_doc"]
     lines.append("- Cost vs DE (latency x, storage x): " + ", ".join(

@@ -1,5 +1,6 @@
 """The late-interaction protocol (experiment/rerank.py): selection against the untrained ColBERT,
 the learning curve's subsets, each test query's own pool re-ranked by the re-ranking code."""
+import ml_collections
 import numpy as np
 import pytest
 
@@ -85,3 +86,33 @@ def test_pool_scores_are_in_pool_order_and_give_the_table_scorers_pool_p_at_1(tm
   for lam in (1.0, 0.4):  # the same P@1 as the table scorers' own path (pair scores)
     assert evaluate.pool_p_at_1(prepared, test, pools, lam, "minmax", pool_scores=got) == (
         evaluate.pool_p_at_1(prepared, test, pools, lam, "minmax", module, params))
+
+
+def _holm(p):
+  """Holm-Bonferroni by hand: step-down (m - i) p_(i), kept monotone, capped at 1."""
+  order, out, running = np.argsort(p, kind="stable"), np.empty(len(p)), 0.0
+  for i, j in enumerate(order):
+    running = max(running, min(1.0, (len(p) - i) * p[j]))
+    out[j] = running
+  return out
+
+
+def test_rows_are_compared_with_colbert_and_dot_of_their_own_n_holm_per_baseline():
+  rng = np.random.default_rng(4)
+  qids = [f"q{i}" for i in range(12)]
+  rows = [{"row": name, "n_train": n, "per_query": dict(zip(qids, rng.random(12) + shift))}
+          for n in (5, 30) for name, shift in (("dot", 0.0), ("colbert", 0.1), ("lite", 0.3),
+                                               ("hybrid (lite + BM25)", 0.4))]
+  config = ml_collections.ConfigDict({"seed": 0, "stats": blocks.stats_config()})
+  config.stats.resamples = 500
+  rerank.compare_rows(rows, config)
+  at = {(r["row"], r["n_train"]): r for r in rows}
+  for base in ("colbert", "dot"):
+    family = [r for r in rows if r["row"] != base]
+    assert all(f"vs_{base}" not in r for r in rows if r["row"] == base)
+    for r in family:  # the baseline of the same n
+      b = at[base, r["n_train"]]["per_query"]
+      assert r[f"vs_{base}"]["diff"] == pytest.approx(np.mean([r["per_query"][q] - b[q]
+                                                               for q in qids]))
+    p = np.array([r[f"vs_{base}"]["p_perm"] for r in family])
+    np.testing.assert_allclose([r[f"vs_{base}"]["p_holm"] for r in family], _holm(p))
