@@ -11,6 +11,11 @@ selection; any collection with a training split through `collection`), and KL / 
 distillation of separable LITE from the better (on dev) of BM25 and a bilinear similarity trained
 on the pooled embeddings (bilinear_ir/jobs/late_interaction.py).
 
+Models defined besides the default rows (name them in `--config.rows`): colbert_proj (ColBERT's
+P' = 128 projection, trained), lite_paper (separable LITE at the paper's widths m1 = 360, m2 =
+2400) and lite_small (the paper's small LITE: L2' = 50 doc tokens by a learned linear map,
+m2 = 768).
+
 Every trained token row is selected on dev with the untrained ColBERT as a candidate (the row
 reports ColBERT's numbers, `kept_colbert`, when no trained step beats it on dev) and compared per
 test query with ColBERT and with dot (Holm over each baseline's comparisons).
