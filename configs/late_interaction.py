@@ -1,16 +1,32 @@
-r"""late_interaction: DE, ColBERT, ME-BERT, LITE, flattened LITE, KNRM and a hybrid on SciFact.
+r"""late_interaction: DE, ColBERT, ME-BERT, LITE, flattened LITE, KNRM and a hybrid, re-ranking.
 
   python -m bilinear_ir.main --config=configs/late_interaction.py --workdir=runs/late_interaction
+  python -m bilinear_ir.main --config=configs/late_interaction.py:collection=insuranceqa,\
+sizes=300+1000+3000+12889 --workdir=runs/late_interaction_iqa
 
 The LITE paper's frozen-encoder ablation (appendix A.4) on SciFact: frozen all-MiniLM-L6-v2 token
 outputs (Tq = 32, Td = 128, cached once on disk), re-ranking of BM25 top-100 + 100 random docs per
 test query (no judged docs injected), scorers trained on SciFact train (dev carved out for
-selection), and KL / margin-MSE distillation of separable LITE from the better (on dev) of BM25
-and a bilinear similarity trained on the pooled embeddings (bilinear_ir/eval/late_interaction.py).
+selection; any collection with a training split through `collection`), and KL / margin-MSE
+distillation of separable LITE from the better (on dev) of BM25 and a bilinear similarity trained
+on the pooled embeddings (bilinear_ir/jobs/late_interaction.py).
 
-Args (after `:`): seed, steps (training steps of every trained row), td (doc tokens Td),
-distill (bool: the distillation rows), quick (bool: 40 steps, LITE/KNRM/colbert rows only, no
-distillation — a smoke run on the real data).
+Models defined besides the default rows (name them in `--config.rows`): colbert_proj (ColBERT's
+P' = 128 projection, trained), lite_paper (separable LITE at the paper's widths m1 = 360, m2 =
+2400) and lite_small (the paper's small LITE: L2' = 50 doc tokens by a learned linear map,
+m2 = 768).
+
+Every trained token row is selected on dev with the untrained ColBERT as a candidate (the row
+reports ColBERT's numbers, `kept_colbert`, when no trained step beats it on dev) and compared per
+test query with ColBERT and with dot (Holm over each baseline's comparisons).
+
+Args (after `:`): collection (scifact; insuranceqa: the package insuranceqa-data 1.2, the `iqa`
+extra, with its own dev split and, per test question, the own-pool P@1; or a BEIR folder or zip
+with a train split), sizes (training questions n, joined by `+`: one set of rows per n on the
+learning curve's nested subsets drawn by the seed; empty: the whole training split), seed, steps
+(training steps of every trained row), td (doc tokens Td), distill (bool: the distillation
+rows), quick (bool: 40 steps, LITE/KNRM/colbert rows only, no distillation — a smoke run on the
+real data).
 """
 from ml_collections import ConfigDict
 
@@ -19,12 +35,19 @@ from bilinear_ir.config import blocks
 
 
 def get_config(arg=None):
-  a = arguments.parse_args(arg, {"seed": 0, "steps": 100, "td": 128, "distill": True,
-                               "quick": False})
+  a = arguments.parse_args(arg, {"collection": "scifact", "sizes": "", "seed": 0, "steps": 100,
+                               "td": 128, "distill": True, "quick": False})
   c = ConfigDict()
   c.job = "late_interaction"
   c.seed = a["seed"]                 # splits, inits, batches, random candidates
-  c.data = blocks.data_config()            # the shipped SciFact: train (dev carved out), test
+  # The collection (`experiment.spec.collection_block` turns it into the data block): an
+  # embedded name (scifact), an installed one (insuranceqa) or a BEIR folder or zip with a train
+  # split. Its official dev split selects where it has one, else `data.dev_fraction` of train.
+  c.collection = a["collection"]
+  c.data = blocks.data_config()            # splits and dev carve-out (format/path: collection)
+  # Training subsets of the curve (the learning_curve job's nested subsets, drawn by `seed`): one
+  # set of rows per n; () = the whole training split. A size above the split means all of it.
+  c.sizes = arguments.optional_ints(a["sizes"], "sizes")
   c.encoder = blocks.encoder_config()      # all-MiniLM-L6-v2: pooled (DE) + token outputs
   c.encoder.query_max_length = 32    # Tq query tokens (12% of SciFact claims are longer)
   # Td doc tokens. SciFact abstracts have a median of 316 tokens (98% are cut at 128, 91% at 180,
@@ -47,6 +70,10 @@ def get_config(arg=None):
                        "normalize": True},
       "mebert": {"scorer": "mebert", "num_vectors": 8, "proj_dim": 128, "query_pool": "mean"},
       "lite": {"scorer": "lite", "m1": 32, "m2": 256},        # paper: m1 360, m2 2400 (A.1)
+      "lite_paper": {"scorer": "lite", "m1": 360, "m2": 2400},  # the paper's widths (A.1)
+      # the paper's "small" LITE: L2' = 50 doc tokens (a learned linear map), W1 (768, 50)
+      "lite_small": {"scorer": "lite", "m1": 360, "m2": 768, "doc_tokens": 50,
+                     "doc_reduction": "linear"},
       "lite_flat": {"scorer": "lite_flat", "width": 256},
       "knrm": {"scorer": "knrm"},
   })
@@ -58,6 +85,10 @@ def get_config(arg=None):
   c.train.hard_negatives = 1         # one BM25 top-100 negative + one random per query
   c.train.random_negatives = 1
   c.train.in_batch = True
+  # InsuranceQA lists 200 negatives per question (a search engine's): the hard negative comes
+  # from them there; BM25 elsewhere.
+  if c.collection == "insuranceqa":
+    c.train.negatives_from = "dataset"
   c.train.steps = a["steps"]         # 100 x 16 pairs ~ 2 epochs of SciFact train
   c.train.lr = 3e-3                  # on dev (100 steps), 3e-3 beat 1e-3 for lite, lite_flat
   c.train.warmup_steps = 10
@@ -80,6 +111,7 @@ def get_config(arg=None):
   c.teacher.train.eval_every = 25
   c.hybrid = blocks.hybrid_config()    # lam grid, min-max normalisation, dev measure
   c.eval = blocks.eval_config()       # measures (and the teacher's own full-ranking evaluation)
+  c.stats = blocks.stats_config()     # paired tests of every row against colbert and dot
   c.storage = ConfigDict()
   c.storage.dtype = "float16"        # stored doc vectors (as the token cache); bytes_per_doc
   c.storage.doc_tokens = (100, 50, 32)      # L2' rows of the storage table

@@ -64,3 +64,9 @@ def parse_args(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
 def optional_bool(text: str, key: str, default: bool) -> bool:
   """A config argument that may be left empty: "" gives `default`, else a boolean word."""
   return default if text == "" else _coerce(key, text, False)
+
+
+def optional_ints(text: str, key: str) -> tuple[int, ...]:
+  """A list of integers that may be left empty: "" gives (), "300+1000" gives (300, 1000); a part
+  that is not an integer is an `InputError` naming `key`."""
+  return _coerce(key, text, (0,)) if text else ()

@@ -150,7 +150,8 @@ def candidate_pools(prepared, split) -> np.ndarray | None:
 
 
 def pool_p_at_1(prepared, split, pools: np.ndarray, lam: float, normalize: str = "minmax",
-                module: nn.Module | None = None, params: Any = None) -> dict[str, Any]:
+                module: nn.Module | None = None, params: Any = None,
+                pool_scores: np.ndarray | None = None) -> dict[str, Any]:
   """P@1 over each query's own pool (`candidate_pools`): the answer-selection view.
 
   The pool is ranked by `lam * dense + (1 - lam) * BM25` over its normalised scores
@@ -163,7 +164,10 @@ def pool_p_at_1(prepared, split, pools: np.ndarray, lam: float, normalize: str =
     pools: [Q_s, M] doc rows per query of `split`, -1 padding.
     lam: weight of the dense scorer, in [0, 1].
     normalize: `hybrid.normalize` (used when 0 < lam < 1).
-    module, params: the dense scorer (needed when lam > 0).
+    module, params: the dense scorer over the pooled embeddings (needed when lam > 0 and
+      `pool_scores` is None).
+    pool_scores: [Q_s, M] the dense scores of the pools computed elsewhere (in pool order, e.g.
+      a token scorer's, `experiment.rerank.Setting.pool_scores`), instead of module / params.
 
   Returns:
     {"mean": float, "per_query": {qid: 1.0 if the top doc is relevant else 0.0}}.
@@ -173,7 +177,9 @@ def pool_p_at_1(prepared, split, pools: np.ndarray, lam: float, normalize: str =
   q_idx, pos = np.nonzero(valid)
   rows = prepared.query_row_index(split.query_ids)
   dense, sparse = np.zeros(pools.shape), np.zeros(pools.shape)
-  if lam > 0:
+  if lam > 0 and pool_scores is not None:
+    dense[q_idx, pos] = np.asarray(pool_scores)[q_idx, pos]
+  elif lam > 0:
     require(module is not None, "a dense weight needs the dense scorer", field="lam")
     emb = prepared.embeddings
     dense[q_idx, pos] = ranking.pair_scores(module, params, emb.queries[rows[q_idx]],

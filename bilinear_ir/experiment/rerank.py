@@ -3,17 +3,23 @@
 Each dev and test query gets `rerank.bm25_depth` BM25 candidates plus `rerank.random_docs` docs
 drawn uniformly (from the config seed) among the rest of the corpus; judged positives are NOT
 added (`retrieval.candidates.rerank_candidates` never sees them). Every row of a table in this
-setting re-ranks the same candidates (`Setting.score`); a token row is built, trained with the
-protocol (`experiment.training.train_token_model`) and scored by `token_row`; the hybrid's lam is
-tuned on dev over the same candidates (`hybrid`, and `hybrid_row` for the dense row best on
-dev); a row's scorer and training come from `config.models` / `config.train_overrides`
-(`row_model`, `row_train`); `teachers` gives the references and the
+setting re-ranks the same candidates (`Setting.score`); where the collection lists each query's
+own candidates (InsuranceQA), each test query's own pool is re-ranked by the same code too
+(`Setting.pool_scores`, P@1 over it as `p_at_1_pool`). A token row is built, trained with the
+protocol (`experiment.training.train_token_model`) and scored by `token_row`; a trained row is
+then selected on dev against the untrained ColBERT (`select_over_colbert`). `table_rows` runs a
+table's rows on one training split (`curve_settings`: one per size of a learning curve, the
+learning curve's nested subsets); `compare_rows` adds the paired tests against ColBERT and dot.
+The hybrid's lam is tuned on dev over the same candidates (`hybrid`, and `hybrid_row` for the
+dense row best on dev); a row's scorer and training come from `config.models` /
+`config.train_overrides` (`row_model`, `row_train`); `teachers` gives the references and the
 distillation teachers; latencies are timed in turn (`time_in_turn`).
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from typing import Any, Callable
 
 import jax
@@ -26,6 +32,8 @@ from bilinear_ir import timing
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
+from bilinear_ir.experiment import compare
+from bilinear_ir.experiment import curve
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
@@ -34,6 +42,7 @@ from bilinear_ir.experiment import validation
 from bilinear_ir.retrieval import candidates as candidates_lib
 from bilinear_ir.retrieval import hybrid as hybrid_lib
 from bilinear_ir.retrieval import ranking
+from bilinear_ir.scorers import multivector
 from bilinear_ir.scorers import token_interaction
 from bilinear_ir.train import teachers as teachers_lib
 from bilinear_ir.train import trainer
@@ -52,12 +61,15 @@ class Scored:
     dev: dev metrics; test: test metrics {"mean", "per_query"}.
     latency_fn: the timed call of 1 query x `latency.docs` stored docs.
     stored: (vectors, width) stored per doc.
+    pool: [Q_test, M] scores of each test query's own pool (`Setting.pools`, pool order), or
+      None without pools.
   """
   run: dict[str, tuple[np.ndarray, np.ndarray]]
   dev: dict[str, float]
   test: dict[str, Any]
   latency_fn: Callable[[], Any] | None = None
   stored: tuple[int, int] | None = None
+  pool: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -72,6 +84,8 @@ class Setting:
     cands: {"dev", "test"} -> [Q_s, K] candidates (`candidates.rerank_candidates`).
     bm25: {"dev", "test"} -> [Q_s, K] exact BM25 scores of the candidates.
     measures: reported measures.
+    pools: [Q_test, M] each test query's own pool (`evaluate.candidate_pools`: its gold docs
+      and the negatives the collection lists for it), or None when the collection lists none.
   """
   prepared: pipeline.Prepared
   splitset: pipeline.SplitSet
@@ -80,6 +94,7 @@ class Setting:
   cands: dict[str, np.ndarray]
   bm25: dict[str, np.ndarray]
   measures: tuple[str, ...]
+  pools: np.ndarray | None = None
 
   def split(self, name: str) -> pipeline.Split:
     return getattr(self.splitset, name)
@@ -123,12 +138,26 @@ class Setting:
             latency_fn: Callable[[], Any] | None = None,
             stored: tuple[int, int] | None = None) -> Scored:
     """Re-ranks the dev and test candidates with (module, params) and evaluates them
-    (`latency_fn`, `stored`: kept in the result, see `Scored`)."""
+    (`latency_fn`, `stored`: kept in the result, see `Scored`); with `pools`, also each test
+    query's own pool (`pool_scores`), its P@1 as the test metric "p_at_1_pool"."""
     run, metrics = {}, {}
     for split in SPLITS:
       run[split], metrics[split] = self.rerank(split, module, params, feats, d_feats)
-    return Scored(run, metrics["dev"]["mean"], metrics["test"], latency_fn, stored)
+    pool = None
+    if self.pools is not None:
+      pool = self.pool_scores(module, params, feats, d_feats)
+      metrics["test"]["mean"]["p_at_1_pool"] = evaluate.pool_p_at_1(
+          self.prepared, self.split("test"), self.pools, 1.0, pool_scores=pool)["mean"]
+    return Scored(run, metrics["dev"]["mean"], metrics["test"], latency_fn, stored, pool)
 
+  def pool_scores(self, module, params, feats: Callable[[np.ndarray], Any], d_feats: Any
+                  ) -> np.ndarray:
+    """[Q_test, M] scores of each test query's own pool (`pools`, -inf on padding), in pool
+    order: re-ranked by the code that re-ranks the candidates (`retrieval.ranking.rerank`), then
+    put back in the pool's ascending doc-row order."""
+    idx, scores = ranking.rerank(module, params, feats(self.rows["test"]), d_feats, self.pools)
+    order = np.argsort(np.where(idx < 0, np.iinfo(np.int64).max, idx), axis=1, kind="stable")
+    return np.take_along_axis(scores, order, 1)
 
   def describe(self, rerank_cfg, query_len: int, doc_len: int) -> dict[str, Any]:
     """The setting as results state it: {"candidates": how they were drawn and the share of
@@ -168,11 +197,15 @@ def check_blocks(config: ml_collections.ConfigDict) -> None:
     validation.check_train(config.teacher.train, "teacher.train")
 
 
-def build_setting(config: ml_collections.ConfigDict) -> Setting:
-  """Loads the collection, pooled + token embeddings, BM25, splits and candidates (`data`,
-  `encoder`, `bm25`, `rerank`, `seed` and `eval.measures` of `config`)."""
-  prepared = pipeline.prepare(config)
-  splitset = pipeline.splits(prepared.collection, config.data, config.seed)[0]
+def build_setting(config: ml_collections.ConfigDict,
+                  data: ml_collections.ConfigDict | None = None) -> Setting:
+  """Loads the collection, pooled + token embeddings, BM25, splits, candidates and the test
+  queries' own pools (`data` (default `config.data`), `encoder`, `bm25`, `rerank`, `seed` and
+  `eval.measures` of `config`)."""
+  data = config.data if data is None else data
+  prepared = pipeline.prepare(ml_collections.ConfigDict(
+      {"data": data, "encoder": config.encoder, "bm25": config.bm25}))
+  splitset = pipeline.splits(prepared.collection, data, config.seed)[0]
   enc = config.encoder
   tokens = embeddings_lib.embed_collection_tokens(
       prepared.collection, enc, query_max_length=int(enc.query_max_length),
@@ -187,7 +220,18 @@ def build_setting(config: ml_collections.ConfigDict) -> Setting:
     safe = np.where(c < 0, 0, c)
     b = prepared.bm25_pair_scores(np.repeat(r, c.shape[1]), safe.reshape(-1)).reshape(c.shape)
     rows[name], cands[name], bm25[name] = r, c, np.where(c < 0, 0.0, b)
-  return Setting(prepared, splitset, tokens, rows, cands, bm25, tuple(config.eval.measures))
+  return Setting(prepared, splitset, tokens, rows, cands, bm25, tuple(config.eval.measures),
+                 evaluate.candidate_pools(prepared, splitset.test))
+
+
+def curve_settings(setting: Setting, sizes, seed: int) -> dict[int, Setting]:
+  """{n: `setting` training on n queries}: the learning curve's nested subsets of the training
+  split (`curve.nested_subsets` by `seed`, `curve.subset_splitset`: dev and test whole); empty
+  `sizes` = the whole training split only."""
+  train = setting.splitset.train.query_ids
+  subsets = curve.nested_subsets(train, sizes or (len(train),), seed)
+  return {n: dataclasses.replace(setting, splitset=curve.subset_splitset(setting.splitset, q, n))
+          for n, q in subsets.items()}
 
 
 def _model_kwargs(config, name: str) -> dict[str, Any]:
@@ -238,15 +282,17 @@ def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple
   (`latency_inputs`) in `dtype`.
 
   Returns:
-    (Scored, {"trained", "best_step", "history"[, "temperature", "params"]}).
+    (Scored, {"trained", "best_step", "history"[, "temperature", "params", "train_seconds"]}).
   """
   params = jax.jit(lambda key: scorers.init_params(module, key))(jax.random.key(seed))
   info = {"trained": bool(jax.tree.leaves(params)), "best_step": None, "history": []}
   if info["trained"]:
+    started = time.perf_counter()
     fit = training.train_token_model(setting, module, params, tcfg, seed, teacher)
     params = fit.params
     info.update(best_step=fit.best_step, history=fit.history, temperature=fit.temperature,
-                params=int(sum(np.size(x) for x in jax.tree.leaves(params))))
+                params=int(sum(np.size(x) for x in jax.tree.leaves(params))),
+                train_seconds=round(time.perf_counter() - started, 1))
   q, qm, d, dm, _ = lat
   case = timing.mebert_case if scorer == "mebert" else timing.late_case
   lat_module = module if scorer == "mebert" else module.clone(doc_chunk=int(d.shape[0]))
@@ -257,7 +303,7 @@ def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple
 
 
 def hybrid(setting: Setting, scored: Scored, cfg, docs: np.ndarray
-           ) -> tuple[float, dict[str, dict[str, float]], Callable[[], Any]]:
+           ) -> tuple[float, dict[str, dict[str, Any]], Callable[[], Any]]:
   """The dev-chosen hybrid of a dense row with BM25 over the same candidates.
 
   Args:
@@ -266,8 +312,9 @@ def hybrid(setting: Setting, scored: Scored, cfg, docs: np.ndarray
     docs: [K] doc rows of the latency call (`latency_inputs`).
 
   Returns:
-    (lam, {"dev", "test"}: mean metrics, its timed call: the dense call, BM25 scores of the same
-    docs, the fusion).
+    (lam, {"dev": mean metrics, "test": {"mean", "per_query"}} (with `pools`, the test mean
+    holds "p_at_1_pool": the same fusion over each test query's own pool), its timed call: the
+    dense call, BM25 scores of the same docs, the fusion).
   """
   prepared = setting.prepared
 
@@ -281,7 +328,12 @@ def hybrid(setting: Setting, scored: Scored, cfg, docs: np.ndarray
   cands = {split: candidates(split) for split in SPLITS}
   lam, ranked = evaluate.tune_on_dev(cands["dev"], setting.split("dev"),
                                      [cands[s] for s in SPLITS], prepared.collection.doc_ids, cfg)
-  metrics = {s: setting.evaluate(s, *r)["mean"] for s, r in zip(SPLITS, ranked)}
+  metrics = {s: setting.evaluate(s, *r) for s, r in zip(SPLITS, ranked)}
+  metrics["dev"] = metrics["dev"]["mean"]
+  if scored.pool is not None:
+    metrics["test"]["mean"]["p_at_1_pool"] = evaluate.pool_p_at_1(
+        prepared, setting.split("test"), setting.pools, lam, cfg.normalize,
+        pool_scores=scored.pool)["mean"]
   q_row = setting.rows["test"][:1]
 
   def call():
@@ -304,12 +356,119 @@ def hybrid_row(setting: Setting, config, rows: list[dict[str, Any]],
   prepared = setting.prepared
   bm25_bytes = int(round(prepared.bm25.doc_vectors.nnz / prepared.collection.num_docs * 8))
   return {"row": f"hybrid ({best['row']} + BM25)", "scorer": "hybrid", "mode": "rerank",
-          "encoder": "frozen", "metrics": metrics["test"], "dev": metrics["dev"],
+          "encoder": "frozen", "collection": best["collection"], "n_train": best["n_train"],
+          "metrics": metrics["test"]["mean"], "dev": metrics["dev"],
+          "per_query": _per_query(metrics["test"], setting.measures[0]),
           "dense": best["row"], "lambda": lam,
           "bytes_per_doc": int(best["bytes_per_doc"]) + bm25_bytes,
           "bm25_bytes_per_doc": bm25_bytes, "trained": best.get("trained"),
           "loss": best.get("loss"), "teacher": best.get("teacher")}, call
 
+
+def _per_query(test: dict[str, Any], measure: str) -> dict[str, float]:
+  """{qid: `measure`} of test metrics {"mean", "per_query"}."""
+  return {q: float(v[measure]) for q, v in test["per_query"].items()}
+
+
+def select_over_colbert(trained: Scored, colbert: Scored, sel: str) -> tuple[Scored, bool]:
+  """The protocol's choice for a trained token row: the untrained ColBERT is a candidate of its
+  dev selection. The trained model (its best step on dev) is kept only if its dev `sel` beats
+  ColBERT's; a tie, or no dev split, keeps ColBERT (`rows.best_on_dev`, ColBERT first).
+
+  Returns:
+    (the chosen `Scored`, True when it is ColBERT's).
+  """
+  chosen = rows_lib.best_on_dev([colbert, trained], lambda s: s.dev.get(sel))
+  return chosen, chosen is colbert
+
+
+def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar
+               ) -> tuple[list[dict[str, Any]], dict[str, Callable[[], Any]], dict[str, Any]]:
+  """The rows of a late-interaction table (`config.rows`, then the distillation rows of
+  `config.distill`, then the hybrid) on the training split of `setting`.
+
+  Every row re-ranks the same candidates; a trained token row is selected on dev against the
+  untrained ColBERT (`select_over_colbert`): when ColBERT is kept, the row's metrics, dev and
+  per-query values are ColBERT's ("kept_colbert": true) and its own model's are in
+  "model_metrics" / "model_dev"; "bytes_per_doc" and its timed call are always its own model's.
+
+  Args:
+    lat: `latency_inputs`; dtype: the storage dtype; n_train: training queries (in the rows);
+    bar: a progress bar (`progress.bar`), one update per row.
+
+  Returns:
+    (rows, {row label: its timed call}, {"teachers": references, "teacher": the teacher used}
+     (`teachers`)).
+  """
+  prepared, measures = setting.prepared, setting.measures
+  sel = config.train.select_metric
+  dim = int(setting.tokens.docs.shape[-1])
+  rows: list[dict[str, Any]] = []
+  dense: dict[str, Scored] = {}
+  base = {"mode": "rerank", "encoder": "frozen", "collection": prepared.collection.name,
+          "n_train": int(n_train)}
+
+  def add(label: str, scorer: str, scored: Scored, **extra) -> None:
+    n_vec, width = scored.stored
+    rows.append({"row": label, "scorer": scorer, **base, "metrics": scored.test["mean"],
+                 "dev": scored.dev, "per_query": _per_query(scored.test, measures[0]),
+                 "bytes_per_doc": multivector.bytes_per_doc(n_vec, width, dtype),
+                 "stored": [n_vec, width], **extra})
+    dense[label] = scored
+    bar.write(f"{label:<28} n={n_train} test {measures[0]} "
+              f"{scored.test['mean'][measures[0]]:.4f} (dev {sel} "
+              f"{scored.dev.get(sel, float('nan')):.4f})")
+    bar.update(1)
+
+  def one(name: str, tcfg, teacher=None) -> tuple[Scored, dict[str, Any]]:
+    module, scorer = row_model(config, name, dim)
+    scored, info = token_row(setting, module, scorer, tcfg, config.seed, lat, dtype, teacher)
+    if info["trained"]:
+      chosen, kept = select_over_colbert(scored, colbert, sel)
+      info.update(kept_colbert=kept, model_metrics=scored.test["mean"], model_dev=scored.dev)
+      scored = dataclasses.replace(chosen, latency_fn=scored.latency_fn, stored=scored.stored)
+    return scored, {"scorer": scorer, **info}
+
+  colbert, colbert_info = one("colbert", row_train(config, "colbert"))  # untrained (validate)
+  refs, teacher_scores, teacher_name = teachers(setting, config)
+  for name in (r for r in config.rows if r != "hybrid"):
+    if name == "dot":
+      dot = scorers.build("dot", dim=prepared.embeddings.docs.shape[1])
+      q, qm, _, _, docs = lat
+      fn, n_vec, width = timing.de_case(q, qm, prepared.embeddings.docs[docs], dtype)
+      add("dot", "dot", setting.score(dot, {}, setting.pooled_queries, prepared.embeddings.docs,
+                                      fn, (n_vec, width)), trained=False, loss=None, teacher=None)
+    else:
+      scored, info = ((colbert, dict(colbert_info)) if name == "colbert" else
+                      one(name, row_train(config, name)))
+      add(name, info.pop("scorer"), scored, loss=config.train.loss if info["trained"] else None,
+          teacher=None, **info)
+  if teacher_name is not None:  # the teacher and its temperature are the same for every row
+    t = teacher_scores[teacher_name]
+    teacher_temperature = float(config.distill.teacher_temperature) * teachers_lib.teacher_scale(
+        t, prepared.bm25_idx, config.rerank.bm25_depth)
+  for name in config.distill.scorers:
+    for loss in config.distill.losses:
+      tcfg = row_train(config, name)
+      tcfg.loss = loss
+      tcfg.teacher_temperature = teacher_temperature
+      scored, info = one(name, tcfg, teacher=t)
+      add(f"{name} ({loss}, {teacher_name})", info.pop("scorer"), scored, loss=loss,
+          teacher=teacher_name, **info)
+  calls = {label: scored.latency_fn for label, scored in dense.items()}
+  if "hybrid" in config.rows and rows:
+    row, calls[row["row"]] = hybrid_row(setting, config, rows, dense, lat)
+    rows.append(row)
+  return rows, calls, {"teachers": refs, "teacher": teacher_name}
+
+
+def compare_rows(rows: list[dict[str, Any]], config) -> None:
+  """`row["vs_colbert"]` and `row["vs_dot"]`: each row against the untrained ColBERT row and
+  the dot row of the same n, paired over the test queries (`row["per_query"]`,
+  `eval.stats.paired`); each baseline's comparisons, over every row and n of the table, are one
+  Holm family (`experiment.compare.against_baselines`)."""
+  compare.against_baselines(rows, [r["per_query"] for r in rows], ("n_train",), config,
+                            name="row", baselines=("colbert", "dot"))
 
 def teachers(setting: Setting, config: ml_collections.ConfigDict
              ) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray], str | None]:
@@ -328,6 +487,9 @@ def teachers(setting: Setting, config: ml_collections.ConfigDict
     idx, scores = ranking.sort_candidates(setting.cands[split], setting.bm25[split])
     refs["bm25"]["metrics" if split == "test" else "dev"] = setting.evaluate(split, idx,
                                                                              scores)["mean"]
+  if setting.pools is not None:  # BM25 alone over each test query's own pool (lam = 0)
+    refs["bm25"]["metrics"]["p_at_1_pool"] = evaluate.pool_p_at_1(
+        prepared, setting.split("test"), setting.pools, 0.0)["mean"]
   out = {}
   distill = config.distill
   if distill.scorers and distill.losses:

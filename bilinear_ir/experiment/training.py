@@ -209,7 +209,8 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
 
 def train_token_model(setting, module, params, tcfg, seed: int,
                       teacher: np.ndarray | None = None) -> trainer.FitResult:
-  """Fits a token scorer on the train split, selecting on dev re-ranking.
+  """Fits a token scorer on the train split (hard negatives from `tcfg.negatives_from`),
+  selecting on dev re-ranking.
 
   Args:
     setting: the re-ranking setting (`experiment.rerank.Setting`).
@@ -221,7 +222,8 @@ def train_token_model(setting, module, params, tcfg, seed: int,
   """
   prepared = setting.prepared
   ts, train_rows = pipeline.trainset(prepared, setting.splitset.train,
-                                     tcfg.hard_depth if tcfg.hard_negatives else 0)
+                                     tcfg.hard_depth if tcfg.hard_negatives else 0,
+                                     tcfg.get("negatives_from", "bm25"))
   measures = evaluate.dev_measures(tcfg.select_metric)
   scorer = setting.eval_module(module)
   on_dev = None

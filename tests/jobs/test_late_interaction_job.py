@@ -169,7 +169,10 @@ def _config():
 
 @pytest.mark.parametrize("field,value", [("rows", ("dot", "nope")), ("distill.teacher", "ce"),
                                          ("distill.losses", ("softmax",)),
-                                         ("models.lite.m1", 0), ("rerank.bm25_depth", 0)])
+                                         ("models.lite.m1", 0), ("rerank.bm25_depth", 0),
+                                         ("collection", "no/such/folder"), ("collection", ""),
+                                         ("sizes", (300, 0)), ("rows", ("dot", "lite")),
+                                         ("models.colbert.token_dim", 8)])
 def test_bad_config_is_an_input_error_before_any_data_is_read(field, value):
   config = _config()
   *path, last = field.split(".")
@@ -182,11 +185,25 @@ def test_bad_config_is_an_input_error_before_any_data_is_read(field, value):
   job.validate(_config())
 
 
+@pytest.mark.parametrize("arg,field", [("sizes=300+x", "'sizes'"),
+                                       ("collection=no/such/folder", "'collection'")])
+def test_bad_arguments_exit_2_with_one_line_and_nothing_written(tmp_path, arg, field):
+  env = dict(os.environ, PYTHONPATH=REPO)
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, "-m", "bilinear_ir.main",
+                         f"--config=configs/late_interaction.py:{arg}",
+                         f"--workdir={tmp_path / 'w'}"], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and field in lines[0] and not (tmp_path / "w").exists()
+
+
 def test_job_end_to_end_writes_the_documented_rows(tmp_path, tiny_bert_dir):
   beir = write_beir(str(tmp_path / "beir"), num_docs=60, num_queries=48)
   w = tmp_path / "w"
   cmd = [sys.executable, "-m", "bilinear_ir.main", "--config=configs/late_interaction.py",
-         f"--workdir={w}", "--config.data.format=beir", f"--config.data.path={beir}",
+         f"--workdir={w}", f"--config.collection={beir}",
          "--config.data.dev_fraction=0.25",
          f"--config.encoder.model={tiny_bert_dir}", f"--config.encoder.cache_dir={tmp_path}/c",
          "--config.encoder.max_length=32", "--config.encoder.query_max_length=8",
@@ -208,9 +225,13 @@ def test_job_end_to_end_writes_the_documented_rows(tmp_path, tiny_bert_dir):
   assert proc.returncode == 0, proc.stderr[-3000:]
   res = json.loads((w / "results.json").read_text())
   by = {}
+  n_train = 18  # 24 train queries of the BEIR folder, a quarter carved out for dev
   for r in res["rows"]:
     assert r["mode"] == "rerank" and r["encoder"] == "frozen"
+    assert r["collection"] == res["collection"] and r["n_train"] == n_train
     assert set(r["metrics"]) == {"ndcg@10", "mrr@10", "map", "recall@100"}
+    assert len(r["per_query"]) == res["test_queries"] == 24
+    assert r["metrics"]["ndcg@10"] == pytest.approx(np.mean(list(r["per_query"].values())))
     assert all(0.0 <= v <= 1.0 for v in r["metrics"].values())
     assert isinstance(r["bytes_per_doc"], int) and isinstance(r["ms_1q_100d"], float)
     assert r["ms_1q_100d"] > 0
@@ -233,5 +254,28 @@ def test_job_end_to_end_writes_the_documented_rows(tmp_path, tiny_bert_dir):
   hyb = next(r for r in res["rows"] if r["scorer"] == "hybrid")
   assert hyb["dense"] in by and 0.0 <= hyb["lambda"] <= 1.0
   assert res["candidates"]["positives_injected"] is False
+  assert res["sizes"] == [n_train]
+  # Every trained token row was selected on dev against the untrained ColBERT: kept (reporting
+  # ColBERT's numbers) exactly when its own dev nDCG@10 does not beat ColBERT's.
+  col = by["colbert"]
+  for r in (r for r in res["rows"] if r["scorer"] != "hybrid" and r["trained"]):
+    assert r["kept_colbert"] == (r["model_dev"]["ndcg@10"] <= col["dev"]["ndcg@10"]), r["row"]
+    if r["kept_colbert"]:
+      assert (r["metrics"], r["per_query"], r["dev"]) == (col["metrics"], col["per_query"],
+                                                          col["dev"])
+    else:
+      assert r["metrics"] == r["model_metrics"] and r["dev"] == r["model_dev"]
+  # Paired tests against ColBERT and dot: one Holm family per baseline over every other row.
+  for base in ("colbert", "dot"):
+    others = [r for r in res["rows"] if r["row"] != base]
+    assert all(f"vs_{base}" not in r for r in res["rows"] if r["row"] == base)
+    p = sorted(r[f"vs_{base}"]["p_perm"] for r in others)
+    for r in others:
+      t = r[f"vs_{base}"]
+      assert set(t) >= {"diff", "ci95", "p_perm", "p_holm"}
+      assert t["diff"] == pytest.approx(np.mean([r["per_query"][q] - by[base]["per_query"][q]
+                                                 for q in r["per_query"]]))
+      rank = p.index(t["p_perm"])  # Holm: p_holm >= (m - rank) p of the sorted p-values
+      assert t["p_holm"] >= min(1.0, (len(p) - rank) * t["p_perm"]) - 1e-12
   assert 0.0 < res["candidates"]["recall"]["test"] <= 1.0
   assert (w / "results.md").read_text().count("| ") > 10
