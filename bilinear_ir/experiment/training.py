@@ -72,9 +72,10 @@ def bm25_guard(module, params: Any, queries: np.ndarray, docs: np.ndarray,
   of the collection's own query texts agrees best with BM25's.
 
   Each query's pseudo-relevant docs are BM25's top few (`pseudo`); no judgement is read. BM25
-  does not depend on the dense model, so the agreement falls where ICT training moves rankings
-  away from lexical evidence (an aligned embedding that ICT spans pull toward word overlap
-  alone), and rises where it repairs a misaligned one. Ties go to the smaller lam (nearer dot).
+  does not depend on the dense model, so it can tell when ICT training moves the rankings of
+  real queries away from the lexical evidence, which held-out ICT pairs cannot (they always
+  prefer more ICT training). Ties go to the smaller lam (nearer the dot product). The whole
+  corpus is ranked, whatever `eval.mode`.
 
   Args:
     module, params: the ICT-trained scorer (`blends_with_dot`).
