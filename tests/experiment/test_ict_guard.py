@@ -153,3 +153,14 @@ def test_guard_reads_no_qrels_and_test_judgements_do_not_move_it(ict_config):
   np.testing.assert_allclose(
       np.asarray(training.blend_with_dot(out["module"], off["params"], guard["lam"])["W"]),
       np.asarray(out["params"]["W"]), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("field,value", [("guard", "always"), ("guard_grid", (0.5, 2.0)),
+                                         ("guard_grid", ()), ("guard_depth", 0)])
+def test_a_bad_guard_setting_is_refused_naming_its_field(field, value):
+  from bilinear_ir.experiment import validation  # pylint: disable=g-import-not-at-top
+  c = blocks.train_config()
+  validation.check_train(c)  # the defaults pass
+  c.ict[field] = value
+  with pytest.raises(InputError, match=f"train.ict.{field}"):
+    validation.check_train(c)
