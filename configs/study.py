@@ -35,7 +35,8 @@ def get_config(arg=None):
   c.ranks = a["ranks"]              # residual I + P Q^T rows (lowrank_r{r})
   c.models = a["models"]            # trained rows; "learned" = the dev-selected one of them
   # Rows (names of the trained rows) also trained on pairs the corpus makes itself (inverse
-  # cloze): rows "<name>_ict", evaluated on every query, no folds (no query is trained on).
+  # cloze): rows "<name>_ict", evaluated on every query, no folds (no query is trained on);
+  # blended with dot by the label-free guard train.ict.guard ("bm25"; "none" turns it off).
   c.ict_rows = a["ict_rows"] if not a["quick"] else ()
   # data, encoder, bm25, model, train (+ per-embedding train_overrides), hybrid, eval: the
   # bilinear table's recipe (blocks.table_recipe). With only ~30-50 judged queries, a fifth of

@@ -152,6 +152,15 @@ def ict_config() -> ml_collections.ConfigDict:
     ratio: source "both": ICT pairs mixed in per judged (qrels) pair.
     seed: the pairs are a fixed dataset drawn by this seed (as judged pairs are fixed); the
       run's seed varies the init and the batches.
+    guard: source "ict" only, for scorers that start at the dot product (wdp, bilinear, lowrank
+      with a residual): "bm25" blends the ICT-selected model with the dot product,
+      `(1 - lam) dot + lam model`, lam in `guard_grid` chosen without labels: the blend whose
+      ranking of the collection's own query texts (no judgement read) agrees best (the
+      `select_metric`) with BM25's top `guard_depth` (ties: the smaller lam). Held-out ICT pairs
+      always prefer more ICT training, so on an aligned embedding they cannot keep the dot
+      product; BM25 is independent of the dense model. "none": the ICT-selected model as is.
+    guard_depth: BM25's top docs per query taken as pseudo-relevant.
+    guard_grid: the lam values tried (0 = the dot product, 1 = the ICT model).
   """
   c = ml_collections.ConfigDict()
   c.query = "span"
@@ -163,6 +172,9 @@ def ict_config() -> ml_collections.ConfigDict:
   c.epochs = 10
   c.ratio = 1.0
   c.seed = 0
+  c.guard = "bm25"
+  c.guard_depth = 10
+  c.guard_grid = tuple(round(0.1 * i, 1) for i in range(11))  # 0, 0.1, ..., 1
   return c
 
 

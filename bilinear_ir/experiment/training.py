@@ -21,6 +21,7 @@ from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import batches
 from bilinear_ir.data import pipeline
+from bilinear_ir.errors import require
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import spec
 from bilinear_ir.train import losses
@@ -37,6 +38,71 @@ def initial_params(module, seed: int, docs: np.ndarray) -> Any:
     params = dict(params)
     params["P"], params["Q"] = lowrank.pca_factors(docs, module.rank)
   return params
+
+
+def blends_with_dot(module) -> bool:
+  """Whether `blend_with_dot` can blend `module` with the dot product: the scorers that start at
+  it (wdp; bilinear; lowrank with residual "identity" or "diag")."""
+  name = getattr(module, "registry_name", "")
+  return name in ("wdp", "bilinear") or (name == "lowrank" and module.residual != "none")
+
+
+def blend_with_dot(module, params: Any, lam: float) -> Any:
+  """The params of `module` whose scores are `(1 - lam) q.d + lam s(q, d)`, `s` the scorer at
+  `params`: W -> (1 - lam) I + lam W (bilinear), v -> 1 + lam (v - 1) (wdp, the diag residual),
+  P Q^T -> lam P Q^T (lowrank with a residual: Q scaled). lam = 0 is the dot product, 1 the
+  model. Only for `blends_with_dot(module)` scorers (else InputError)."""
+  require(blends_with_dot(module), f"scorer {getattr(module, 'registry_name', module)!r} does "
+          "not start at the dot product, so it cannot be blended with it",
+          field="train.ict.guard")
+  out = dict(params)
+  if "W" in out:
+    eye = jnp.eye(out["W"].shape[0], dtype=out["W"].dtype)
+    out["W"] = (1.0 - lam) * eye + lam * out["W"]
+  if "v" in out:
+    out["v"] = 1.0 + lam * (out["v"] - 1.0)
+  if "Q" in out:
+    out["Q"] = lam * out["Q"]
+  return out
+
+
+def bm25_guard(module, params: Any, queries: np.ndarray, docs: np.ndarray,
+               pseudo: np.ndarray, grid, measure: str = "ndcg@10") -> tuple[float, dict]:
+  """The label-free ICT guard: the blend weight lam of `grid` (`blend_with_dot`) whose ranking
+  of the collection's own query texts agrees best with BM25's.
+
+  Each query's pseudo-relevant docs are BM25's top few (`pseudo`); no judgement is read. BM25
+  does not depend on the dense model, so it can tell when ICT training moves the rankings of
+  real queries away from the lexical evidence, which held-out ICT pairs cannot (they always
+  prefer more ICT training). Ties go to the smaller lam (nearer the dot product). The whole
+  corpus is ranked, whatever `eval.mode`.
+
+  Args:
+    module, params: the ICT-trained scorer (`blends_with_dot`).
+    queries: [Q, n] features of the collection's queries.
+    docs: [N, n] doc features.
+    pseudo: [Q, k] doc rows BM25 ranks first for each query (-1: none).
+    grid: lam values tried.
+    measure: the agreement, a metric of `eval.metrics` at depth <= 1000 (e.g. ndcg@10) of the
+      blended ranking against the pseudo-relevant docs.
+
+  Returns:
+    (the chosen lam, {lam: agreement}).
+  """
+  require(len(grid) > 0 and all(0.0 <= float(x) <= 1.0 for x in grid),
+          f"needs lam values in [0, 1], got {list(grid)}", field="train.ict.guard_grid")
+  depth = int(measure.split("@")[1]) if "@" in measure else 1000
+  qids = [str(i) for i in range(len(queries))]
+  doc_ids = [str(j) for j in range(len(docs))]
+  pseudo_qrels = {q: {doc_ids[int(d)]: 1 for d in row if d >= 0} for q, row in zip(qids, pseudo)}
+  agreement = {}
+  for lam in sorted(float(x) for x in grid):
+    metrics, _ = evaluate.evaluate_scorer(module, blend_with_dot(module, params, lam), queries,
+                                         docs, qids, doc_ids, pseudo_qrels, depth=depth,
+                                         measures=[measure])
+    agreement[lam] = float(metrics["mean"][measure])
+  best = max(agreement.values())
+  return min(lam for lam, v in agreement.items() if v == best), agreement
 
 
 @dataclasses.dataclass
@@ -70,7 +136,8 @@ def training_data(row: spec.Row, prepared: pipeline.Prepared,
 
   "qrels": the judged pairs of `splitset.train`, selected on `splitset.dev`. "ict": pairs the
   corpus makes itself (`pipeline.ict_set`); no judgement is read, and the model is selected on
-  the held-out ICT pairs, ranked over the corpus in which each held-out doc is its positive.
+  the held-out ICT pairs, ranked over the corpus in which each held-out doc is its positive
+  (then guarded by `bm25_guard` in `train_and_evaluate`).
   "both": the judged pairs plus `train.ict.ratio` ICT pairs per judged pair (drawn by the ICT
   seed), selected on `splitset.dev`.
   """
@@ -147,9 +214,15 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
       dataclass over the module and weight), not a new lambda per call, or every call compiles
       the step again.
 
+  Source "ict" with `train.ict.guard = "bm25"`, for a scorer that starts at the dot product
+  (`blends_with_dot`): the selected params are then blended with the dot product by the weight
+  `bm25_guard` picks (label-free: the collection's query texts against BM25); the dev metrics
+  and the test evaluation are those of the blend.
+
   Returns:
     {"metrics": test means, "per_query": ..., "dev": best dev metrics, "history", "best_step",
-     "mode", "params", "module", "run", "temperature", "train_source", "ict_pairs"}.
+     "mode", "params", "module", "run", "temperature", "train_source", "ict_pairs",
+     "ict_guard": None, or {"lam": the blend weight, "agreement": {str(lam): agreement}}}.
   """
   emb = prepared.embeddings
   module = scorers.from_config(row.model, prepared.dim)
@@ -198,13 +271,21 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
                                                result.temperature)
   else:
     history, best_step, temperature = [], 0, None
+  guard = None
+  if (data is not None and data.source == "ict" and tcfg.ict.get("guard", "none") == "bm25"
+      and blends_with_dot(module)):
+    lam, agreement = bm25_guard(module, params, emb.queries, emb.docs,
+                                prepared.bm25_idx[:, :int(tcfg.ict.guard_depth)],
+                                tcfg.ict.guard_grid, tcfg.select_metric)
+    params = blend_with_dot(module, params, lam)
+    guard = {"lam": lam, "agreement": {str(k): v for k, v in agreement.items()}}
   dev = on_dev(params) if on_dev is not None else {}
   metrics, run = evaluate_on(splitset.test, params, tuple(ecfg.measures), ecfg.depth)
   return {"metrics": metrics["mean"], "per_query": metrics["per_query"], "dev": dev,
           "history": history, "best_step": best_step, "mode": ecfg.mode, "params": params,
           "run": run, "temperature": temperature, "module": module,
           "train_source": tcfg.get("source", "qrels"),
-          "ict_pairs": data.ict_pairs if data is not None else 0}
+          "ict_pairs": data.ict_pairs if data is not None else 0, "ict_guard": guard}
 
 
 def train_token_model(setting, module, params, tcfg, seed: int,

@@ -168,6 +168,12 @@ def check_train(c, prefix: str = "train") -> None:
     integer(i.epochs, f("ict.epochs"), 1)
     real(i.ratio, f("ict.ratio"), 0.0)
     integer(i.seed, f("ict.seed"), 0)
+    one_of(i.get("guard", "none"), ("bm25", "none"), f("ict.guard"))
+    if i.get("guard", "none") == "bm25":
+      integer(i.guard_depth, f("ict.guard_depth"), 1)
+      require(len(i.guard_grid) > 0 and all(isinstance(x, (int, float)) and 0 <= x <= 1
+                                             for x in i.guard_grid),
+              f"needs lam values in [0, 1], got {i.guard_grid!r}", field=f("ict.guard_grid"))
   one_of(c.loss, trainer.LOSSES, f("loss"))
   real(c.temperature, f("temperature"), 0.0, low_open=True)
   real(c.teacher_temperature, f("teacher_temperature"), 0.0, low_open=True)

@@ -15,8 +15,9 @@ with a dev part carved out of each training fold) and each embedding
             similarity");
   hybrid    `lam * learned + (1 - lam) * BM25`, lam tuned on dev;
   <row>_ict the rows of `config.ict_rows` trained on pairs the corpus makes itself (inverse
-            cloze, `data.ict`; no judgement read, selected on held-out ICT pairs), evaluated on
-            every query of the test split without folds.
+            cloze, `data.ict`; no judgement read, selected on held-out ICT pairs, then blended
+            with dot by the label-free guard `train.ict.guard`, its weight per seed in
+            `ict_lam`), evaluated on every query of the test split without folds.
 
 Every query is scored once per seed, by the split (fold) that held it out; per-query metrics are
 averaged over seeds. Each model is compared with dot and with BM25 by a paired randomization
@@ -87,7 +88,7 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
     per_query: dict[str, list[dict]] = {"dot": [dot["per_query"]], "bm25": [bm25["per_query"]]}
     for name in [sp["name"] for sp in specs] + ["learned", "hybrid"]:
       per_query.setdefault(name, [])
-    chosen = []
+    chosen, ict_lam = [], {}
     # Rows trained on pairs the corpus makes itself: no query is trained on, so no folds are
     # needed; every query of the test split (all of a test-only collection) is evaluated.
     ict_split = (splitsets[0] if len(splitsets) == 1
@@ -96,6 +97,7 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
       outs = rows_lib.seed_runs(recipe, {**sp, "source": "ict"}, config.seeds, prepared,
                                 ict_split, each=lambda *_: bar.update(1))
       per_query[f"{sp['name']}_ict"] = [o["per_query"] for o in outs]
+      ict_lam[f"{sp['name']}_ict"] = [(o.get("ict_guard") or {}).get("lam") for o in outs]
     for seed in config.seeds:
       seed_q = {sp["name"]: {} for sp in specs}
       learned_q, hybrid_q = {}, {}
@@ -123,6 +125,8 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
              "folds": len(splitsets) if len(splitsets) > 1 else 0}
       if name == "learned":
         row["chosen"] = chosen
+      if name in ict_lam:
+        row["ict_lam"] = ict_lam[name]
       rows.append(row)
   return rows, unseen, prepared.collection.name
 

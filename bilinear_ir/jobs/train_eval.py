@@ -81,6 +81,8 @@ def run(config: ml_collections.ConfigDict, workdir: str):
     run_dict = {q: docs for o in outs for q, docs in o["run"].items()}
   results.update(scorer=config.model.scorer, collection=prepared.collection.name,
                  train_source=config.train.source, ict_pairs=int(outs[0]["ict_pairs"]))
+  if config.train.source == "ict":  # the label-free guard's blend with dot (train.ict.guard)
+    results["ict_guard"] = outs[0]["ict_guard"]
   md = (f"# train_eval: {config.model.scorer} on {prepared.collection.name} "
         f"({results['mode']} ranking)\n\n" + report.markdown_table(rows, header, digits=4))
   return report.Report(results=results, markdown=md,

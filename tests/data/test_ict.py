@@ -198,6 +198,9 @@ def test_command_line_on_a_test_only_collection(test_only, tmp_path):
     assert proc.returncode == 0, err[-2000:]
     res = json.loads((tmp_path / name / "results.json").read_text())
     assert res["queries"] == 14  # all of the test-only collection, no folds
+  ict = json.loads((tmp_path / "ict" / "results.json").read_text())
+  assert 0.0 <= ict["ict_guard"]["lam"] <= 1.0  # the guard is on by default
+  assert "ict_guard" not in json.loads((tmp_path / "dot" / "results.json").read_text())
   ict_res = json.loads((tmp_path / "ict" / "results.json").read_text())
   assert ict_res["train_source"] == "ict" and ict_res["ict_pairs"] == 40 - 6
   assert json.loads((tmp_path / "dot" / "results.json").read_text())["train_source"] == "qrels"

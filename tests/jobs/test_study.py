@@ -60,6 +60,12 @@ def test_rows_cover_every_model_and_every_query_once(study_run):
       assert r["metrics"]["ndcg@10"] == pytest.approx(np.mean(list(r["per_query"].values())))
   only = [r for r in res["rows"] if r["collection"] == "only"]
   assert all(r["folds"] == config.folds for r in only)
+  # The ICT rows carry the guard's blend weight per seed (train.ict.guard, on by default).
+  for r in res["rows"]:
+    assert ("ict_lam" in r) == r["model"].endswith("_ict")
+    if "ict_lam" in r:
+      assert len(r["ict_lam"]) == len(config.seeds)
+      assert all(lam in config.train.ict.guard_grid for lam in r["ict_lam"])
 
 
 def test_dot_and_bm25_rows_equal_a_direct_evaluation(study_run):
