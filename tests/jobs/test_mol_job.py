@@ -152,6 +152,25 @@ def test_score_topk_blocks_fit_the_budget_and_stay_exact(monkeypatch):
   np.testing.assert_allclose(scores, np.take_along_axis(full, want, 1), rtol=1e-5, atol=1e-6)
 
 
+def test_score_topk_of_a_token_mol_is_its_brute_force(monkeypatch):
+  monkeypatch.setattr(ranking, "MOL_QUERY_CHUNK", 4)  # 3 query batches
+  rng = np.random.default_rng(3)
+  module = scorers.build("mol", dim=DIM, p_q=2, p_x=3, d_p=8, gate_hidden=8, inputs="tokens",
+                         max_len=7, example_len=3)
+  params = jax.tree.map(lambda x: x + 0.1 * rng.normal(size=x.shape).astype(np.float32),
+                        scorers.init_params(module, jax.random.key(4)))  # pooling not zero
+  q, d = rng.normal(size=(9, 5, DIM)).astype(np.float32), rng.normal(size=(30, 7, DIM))
+  q_mask, d_mask = rng.random((9, 5)) < 0.7, rng.random((30, 7)) < 0.7
+  q_mask[:, 0] = d_mask[:, 0] = True
+  d = d.astype(np.float32)
+  idx, scores = ranking.score_topk(module, params, (q, q_mask), (d, d_mask), 6, doc_chunk=8)
+  full = np.asarray(module.apply({"params": params}, q, q_mask, d, d_mask,
+                                 method=module.score_all))
+  want = np.lexsort((np.broadcast_to(np.arange(30), full.shape), -full), axis=1)[:, :6]
+  np.testing.assert_array_equal(idx, want)
+  np.testing.assert_allclose(scores, np.take_along_axis(full, want, 1), rtol=1e-5, atol=1e-6)
+
+
 def test_mol_job_end_to_end(tmp_path, tiny_bert_dir):
   beir = write_beir(str(tmp_path / "beir"), num_docs=60, num_queries=48)
   w = tmp_path / "w"
