@@ -190,3 +190,11 @@ def perturbed_params(module, seed: int = 0):
     return jax.tree.unflatten(tree, leaves)
 
   return init(jax.random.key(seed))
+
+
+def expect_located(message: str, file: str, record: str, field: str) -> None:
+  """Asserts an error message names the file, the record and (when given) the field."""
+  assert file in message, message
+  assert record in message, message
+  if field:
+    assert f"field {field!r}" in message, message

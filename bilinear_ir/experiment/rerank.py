@@ -470,6 +470,7 @@ def compare_rows(rows: list[dict[str, Any]], config) -> None:
   compare.against_baselines(rows, [r["per_query"] for r in rows], ("n_train",), config,
                             name="row", baselines=("colbert", "dot"))
 
+
 def teachers(setting: Setting, config: ml_collections.ConfigDict
              ) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray], str | None]:
   """The references and distillation teachers: BM25's own order of the candidates, and, when

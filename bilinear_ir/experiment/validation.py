@@ -233,6 +233,12 @@ def check_hybrid(c, prefix: str = "hybrid") -> None:
   measure(c.measure, f"{prefix}.measure")
 
 
+def check_stats(c, prefix: str = "stats") -> None:
+  """The `stats` block: resamples of the paired tests, significance level."""
+  integer(c.resamples, f"{prefix}.resamples", 100)
+  real(c.alpha, f"{prefix}.alpha", 0.0, 0.5, low_open=True)
+
+
 def check_table(config, *, hybrid_block: bool = True) -> None:
   """What the table-style jobs share: seeds, embeddings, and the recipe blocks of
   `config.blocks.table_recipe` (data, encoder, bm25, model, train and its per-embedding overrides,
@@ -260,5 +266,4 @@ def check_table(config, *, hybrid_block: bool = True) -> None:
   if hybrid_block:
     check_hybrid(config.hybrid)
   if "stats" in config:
-    integer(config.stats.resamples, "stats.resamples", 100)
-    real(config.stats.alpha, "stats.alpha", 0.0, 0.5, low_open=True)
+    check_stats(config.stats)

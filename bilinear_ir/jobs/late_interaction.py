@@ -83,8 +83,7 @@ def validate(config) -> None:
     validation.check_train(rerank.row_train(config, name), f"train_overrides.{name}")
   validation.check_hybrid(config.hybrid)
   validation.check_eval(config.eval)
-  validation.integer(config.stats.resamples, "stats.resamples", 100)
-  validation.real(config.stats.alpha, "stats.alpha", 0.0, 0.5, low_open=True)
+  validation.check_stats(config.stats)
   validation.one_of(config.storage.dtype, ("float32", "float16", "bfloat16"), "storage.dtype")
   for name in config.rows:
     require(name in ("dot", "hybrid") or name in config.models,

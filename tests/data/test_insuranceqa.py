@@ -27,7 +27,7 @@ from bilinear_ir.config.blocks import train_config
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
-from conftest import REPO
+from conftest import REPO, expect_located
 
 ANSWERS = {str(i): {"en": f"  Answer\tnumber  {i}.\n", "zh": "答"} for i in range(1, 11)}
 QUESTIONS = {
@@ -179,19 +179,12 @@ def _make(folder, spec: dict) -> str:
   return path
 
 
-def _expect_located(message: str, file: str, record: str, field: str) -> None:
-  assert file in message, message
-  assert record in message, message
-  if field:
-    assert f"field {field!r}" in message, message
-
-
 @pytest.mark.parametrize("case", MALFORMED, ids=[c[0] for c in MALFORMED])
 def test_malformed_file_raises_located_error(tmp_path, case):
   _, spec, file, record, field = case
   with pytest.raises(InputError) as e:
     loaders.load(_config(_make(tmp_path / "bad", spec)))
-  _expect_located(str(e.value), file, record, field)
+  expect_located(str(e.value), file, record, field)
 
 
 def _main(repo_root: str, workdir, *args: str, runner: str | None = None
@@ -220,7 +213,7 @@ def test_main_exits_2_on_malformed_file(tmp_path, repo_root, case):
   _, spec, file, record, field = case
   workdir = tmp_path / "w"
   proc = _main(repo_root, workdir, f"--config.data.path={_make(tmp_path / 'bad', spec)}")
-  _expect_located(_one_error_line(proc, workdir), file, record, field)
+  expect_located(_one_error_line(proc, workdir), file, record, field)
 
 
 def test_main_reads_a_fake_tree(tmp_path, repo_root):

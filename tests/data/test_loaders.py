@@ -21,6 +21,7 @@ from bilinear_ir.data import scifact as scifact_lib
 from bilinear_ir.config.blocks import data_config
 from bilinear_ir.errors import InputError
 from bilinear_ir.jobs import collection_stats
+from conftest import expect_located
 
 
 def _config(fmt: str, path: str):
@@ -419,20 +420,13 @@ MALFORMED = [
 ]
 
 
-def _expect_located(message: str, file: str, record: str, field: str) -> None:
-  assert file in message, message
-  assert record in message, message
-  if field:
-    assert f"field {field!r}" in message, message
-
-
 @pytest.mark.parametrize("case", MALFORMED, ids=[c[0] for c in MALFORMED])
 def test_malformed_input_raises_located_error(tmp_path, case):
   _, fmt, make, file, record, field = case
   path = make(tmp_path / "bad")
   with pytest.raises(InputError) as e:
     loaders.load(_config(fmt, path))
-  _expect_located(str(e.value), file, record, field)
+  expect_located(str(e.value), file, record, field)
 
 
 def test_unknown_format_and_missing_path(tmp_path):
@@ -464,7 +458,7 @@ def test_main_exits_2_on_malformed_input(tmp_path, repo_root, case):
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
   assert "Traceback" not in proc.stderr
-  _expect_located(lines[0], file, record, field)
+  expect_located(lines[0], file, record, field)
   assert not (workdir / "results.json").exists() and not (workdir / "results.md").exists()
 
 
