@@ -56,6 +56,8 @@ MAX_ACCEL_CHUNK = 1 << 20   # largest default chunk on accelerators
 MAX_UNROLL = 16             # accelerators: scan loops of at most this many steps are unrolled
 DEFAULT_QUERY_CHUNK = 1024  # queries per scan
 MAX_BLOCK = 32              # largest block of docs summarised by its maximum
+ARGMAX_MAX_K = 16           # accelerators: k up to this selects by k argmax passes (`selection`)
+SELECTIONS = ("top_k", "argmax")  # how the scan picks its k best blocks and docs (`selection`)
 PRECISION = lax.Precision.HIGHEST  # float32 score matmuls on every backend (module docstring)
 NO_DOC = np.iinfo(np.int32).max  # id of a padding slot (only returned when fewer than k docs)
 
@@ -140,6 +142,57 @@ def default_block(k: int, chunk: int) -> int:
   return block
 
 
+def default_selection(k: int, platform: str | None = None) -> str:
+  """How the scan picks its k best blocks and docs, per device: "top_k" or "argmax".
+
+  "top_k" is `lax.top_k`; "argmax" is `argmax_top_k` (k fused argmax passes), the same result.
+  On CPU always "top_k". On accelerators "argmax" for k <= ARGMAX_MAX_K: XLA's GPU `lax.top_k`
+  sorts the whole row, which was 15% of the 1,000 x 200k scan's device time on one H200 (the
+  `benchmarks/gpu_sweep.py` profile); `benchmarks/topk.py --selections top_k,argmax` times both.
+
+  Args:
+    k: results per query.
+    platform: "cpu", "gpu", "tpu" (None: jax's default backend).
+  """
+  if (platform or jax.default_backend()) == "cpu" or k > ARGMAX_MAX_K:
+    return "top_k"
+  return "argmax"
+
+
+def argmax_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k(x, k)` by k argmax passes: the same values and positions (ties: lower first).
+
+  Each pass is one argmax over x with the positions already taken masked out, which XLA fuses
+  into one reduction reading x; no sort. Values are ordered through an int32 key (the float's
+  bits, negatives flipped: XLA's total order, as `lax.top_k`, so 0.0 ranks above -0.0), so -inf
+  entries are taken in position order like `lax.top_k`'s and a taken entry (key int32 min) is
+  never taken again.
+
+  Args:
+    x: [B, M] float32, no NaN; M >= k.
+    k: entries per row.
+
+  Returns:
+    (values [B, k] float32, positions [B, k] int32).
+  """
+  bits = lax.bitcast_convert_type(x, jnp.int32)
+  keys = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+  cols = lax.broadcasted_iota(jnp.int32, keys.shape, 1)
+  taken = jnp.zeros(keys.shape, bool)
+  pos = []
+  for _ in range(k):
+    p = jnp.argmax(jnp.where(taken, jnp.iinfo(jnp.int32).min, keys), axis=1).astype(jnp.int32)
+    taken = taken | (cols == p[:, None])
+    pos.append(p)
+  pos = jnp.stack(pos, axis=1)
+  return jnp.take_along_axis(x, pos, axis=1), pos
+
+
+def _select(x: jax.Array, k: int, selection: str) -> tuple[jax.Array, jax.Array]:
+  """(values [B, k], positions [B, k]) of x [B, M] by `selection` ("top_k" / "argmax")."""
+  return argmax_top_k(x, k) if selection == "argmax" else lax.top_k(x, k)
+
+
 def brute_force(query_table, doc_table, k: int) -> TopK:
   """Reference top-k from the full score matrix: qt [B, w], dt [N, w] -> TopK [B, k].
 
@@ -188,7 +241,8 @@ def _init_state(b: int, k: int, g: int) -> _State:
                 jnp.full((b, k), NO_DOC, jnp.int32))
 
 
-def _step(state: _State, s: jax.Array, first_block, valid) -> _State:
+def _step(state: _State, s: jax.Array, first_block, valid, selection: str = "top_k"
+          ) -> _State:
   """Merges one chunk's scores into the running k best blocks.
 
   Args:
@@ -196,6 +250,7 @@ def _step(state: _State, s: jax.Array, first_block, valid) -> _State:
     s: [B, C] float32 scores of the chunk's C rows, C a multiple of the block size g.
     first_block: block id of this chunk's first block (int, may be traced).
     valid: None (all rows real) or [C] bool (False rows are padding or masked; score -inf).
+    selection: "top_k" or "argmax" (`default_selection`; the same result).
   """
   k, g = state.scores.shape[1:]
   b, c = s.shape
@@ -203,7 +258,8 @@ def _step(state: _State, s: jax.Array, first_block, valid) -> _State:
   masked = s if valid is None else jnp.where(valid.reshape(c // g, g)[None], s, -jnp.inf)
   # Running blocks come first: on equal maxima lax.top_k keeps the lower position, which is the
   # lower block id (the running blocks are kept in (max desc, id asc) order, induction).
-  maxima, pos = lax.top_k(jnp.concatenate([state.maxima, masked.max(axis=2)], axis=1), k)
+  maxima, pos = _select(jnp.concatenate([state.maxima, masked.max(axis=2)], axis=1), k,
+                        selection)
   from_state = pos < k
   p_state = jnp.where(from_state, pos, 0)
   p_chunk = jnp.where(from_state, 0, pos - k)
@@ -219,7 +275,8 @@ def _step(state: _State, s: jax.Array, first_block, valid) -> _State:
 
 def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
               block: int | None = None, id_offset=0, num_valid=None,
-              row_valid: jax.Array | None = None, unroll: bool | None = None) -> TopK:
+              row_valid: jax.Array | None = None, unroll: bool | None = None,
+              selection: str | None = None) -> TopK:
   """Traceable core of `topk` (no input checks; use inside jit / shard_map).
 
   Args:
@@ -234,6 +291,7 @@ def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
     row_valid: None, or [N] bool: False rows are ignored (e.g. multi-vector padding rows).
     unroll: unroll the loop over chunks (None: on accelerators when it has at most MAX_UNROLL
       steps, which removes the loop's per-step overhead; never on CPU).
+    selection: "top_k" or "argmax" (None: `default_selection(k)`, per device; the same result).
 
   Returns:
     TopK [B, k] with ids `id_offset + row`.
@@ -243,12 +301,13 @@ def scan_topk(qt: jax.Array, dt: jax.Array, k: int, chunk: int | None = None,
     return _dot(qt, jnp.pad(rows, ((0, pad), (0, 0))) if pad else rows)
 
   return select_topk(scores, qt.shape[0], dt.shape[0], k, chunk, block, id_offset, num_valid,
-                     row_valid, unroll)
+                     row_valid, unroll, selection)
 
 
 def select_topk(scores, b: int, n: int, k: int, chunk: int | None = None,
                 block: int | None = None, id_offset=0, num_valid=None,
-                row_valid: jax.Array | None = None, unroll: bool | None = None) -> TopK:
+                row_valid: jax.Array | None = None, unroll: bool | None = None,
+                selection: str | None = None) -> TopK:
   """The scan's selection over any source of scores (traceable; `scan_topk` is its matmul form).
 
   Args:
@@ -256,13 +315,14 @@ def select_topk(scores, b: int, n: int, k: int, chunk: int | None = None,
       followed by `pad` padding columns (masked here). `start` is traced when pad is 0 inside the
       chunk loop, a Python int otherwise.
     b: B queries; n: N rows.
-    k, chunk, block, id_offset, num_valid, row_valid, unroll: as `scan_topk`.
+    k, chunk, block, id_offset, num_valid, row_valid, unroll, selection: as `scan_topk`.
 
   Returns:
     TopK [B, k] with ids `id_offset + row`.
   """
   chunk = default_chunk(k, b) if chunk is None else chunk
   g = default_block(k, chunk) if block is None else block
+  selection = default_selection(k) if selection is None else selection
   c = -(-chunk // g) * g
   nb = c // g
   nfull = n // c
@@ -281,7 +341,7 @@ def select_topk(scores, b: int, n: int, k: int, chunk: int | None = None,
   if nfull:
     def body(i, st):
       start = i * c
-      return _step(st, scores(start, c, 0), i * nb, valid_of(start, c))
+      return _step(st, scores(start, c, 0), i * nb, valid_of(start, c), selection)
     if unroll is None:
       unroll = jax.default_backend() != "cpu" and nfull <= MAX_UNROLL
     state = lax.fori_loop(0, nfull, body, state, unroll=bool(unroll))
@@ -290,7 +350,8 @@ def select_topk(scores, b: int, n: int, k: int, chunk: int | None = None,
   start = nfull * c
   whole = (n - start) // g * g
   if whole:
-    state = _step(state, scores(start, whole, 0), start // g, valid_of(start, whole))
+    state = _step(state, scores(start, whole, 0), start // g, valid_of(start, whole),
+                  selection)
   rest = n - start - whole
   if rest:
     start += whole
@@ -298,33 +359,58 @@ def select_topk(scores, b: int, n: int, k: int, chunk: int | None = None,
     extra = valid_of(start, rest)
     if extra is not None:
       ok = ok & jnp.pad(extra, (0, g - rest))
-    state = _step(state, scores(start, rest, g - rest), start // g, ok)
-  return _finish(state, k, n, id_offset)
+    state = _step(state, scores(start, rest, g - rest), start // g, ok, selection)
+  return _finish(state, k, n, id_offset, selection)
 
 
-def _finish(state: _State, k: int, n: int, id_offset) -> TopK:
-  """The k best docs of the k best blocks: sorts blocks by id, then one lax.top_k of k * g."""
+def block_top_k(scores: jax.Array, k: int, block: int) -> TopK:
+  """`lax.top_k(scores, k)` through the scan's block selection, in one step (traceable).
+
+  Two smaller top-k's, over the N / block block maxima and then over the k * block scores of the
+  k best blocks, replace one over all N scores. That pays where a large-k `lax.top_k` sorts the
+  whole row (XLA on GPUs), not on XLA:CPU (`mol_topk.avg_block`).
+
+  Args:
+    scores: [B, N] float32, finite.
+    k: results per row (k <= N).
+    block: scores per block (1: a plain running `lax.top_k`).
+
+  Returns:
+    TopK [B, k]: the same scores and ids as `lax.top_k` (ties to the lower id).
+  """
+  b, n = scores.shape
+
+  def rows(start, size, pad):
+    s = lax.dynamic_slice_in_dim(scores, start, size, axis=1)
+    return jnp.pad(s, ((0, 0), (0, pad))) if pad else s
+
+  return select_topk(rows, b, n, k, chunk=n, block=block)
+
+
+def _finish(state: _State, k: int, n: int, id_offset, selection: str = "top_k") -> TopK:
+  """The k best docs of the k best blocks: sorts blocks by id, then one top-k of k * g."""
   b, _, g = state.scores.shape
   order = jnp.argsort(state.blocks, axis=1)
   blocks = jnp.take_along_axis(state.blocks, order, axis=1)
   scores = jnp.take_along_axis(state.scores, order[:, :, None], axis=1).reshape(b, k * g)
   rows = (blocks[:, :, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(b, k * g)
-  top, pos = lax.top_k(scores, k)
+  top, pos = _select(scores, k, selection)
   rows = jnp.take_along_axis(rows, pos, axis=1)
   real = (jnp.take_along_axis(jnp.repeat(blocks, g, axis=1), pos, axis=1) != NO_DOC) & (rows < n)
   real = real & (top > -jnp.inf)
   return TopK(top, jnp.where(real, rows + id_offset, NO_DOC).astype(jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("k", "chunk", "block", "unroll"))
-def _topk_jit(qt, dt, row_valid, k, chunk, block, id_offset, unroll=None):
+@functools.partial(jax.jit, static_argnames=("k", "chunk", "block", "unroll", "selection"))
+def _topk_jit(qt, dt, row_valid, k, chunk, block, id_offset, unroll=None, selection=None):
   """`scan_topk` under jit; `row_valid` None (an empty pytree) compiles the unmasked scan."""
-  return scan_topk(qt, dt, k, chunk, block, id_offset, row_valid=row_valid, unroll=unroll)
+  return scan_topk(qt, dt, k, chunk, block, id_offset, row_valid=row_valid, unroll=unroll,
+                   selection=selection)
 
 
 def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int | None = None,
          query_chunk: int = DEFAULT_QUERY_CHUNK, id_offset: int = 0,
-         row_valid=None, unroll: bool | None = None) -> TopK:
+         row_valid=None, unroll: bool | None = None, selection: str | None = None) -> TopK:
   """Exact top-k by a chunked scan: qt [B, w], dt [N, w] -> TopK [B, k].
 
   Memory: one [min(B, query_chunk), chunk] score block at a time (plus the tables).
@@ -336,6 +422,7 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     chunk: doc rows per scan step (None: `default_chunk(k, B)`, per device).
     block: docs per pruning block (None: `default_block`).
     unroll: unroll the chunk loop (None: per device, `scan_topk`).
+    selection: "top_k" or "argmax" (None: `default_selection`, per device; the same result).
     query_chunk: queries per scan (queries are tiled; the last tile is padded, not recompiled).
     id_offset: added to every returned id.
     row_valid: None or [N] bool; False rows are never returned (they must leave >= k rows).
@@ -349,6 +436,9 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     if row_valid.shape != (np.shape(doc_table)[0],):
       raise input_error(f"must have shape ({np.shape(doc_table)[0]},), got {row_valid.shape}",
                         file="row_valid")
+  if selection is not None and selection not in SELECTIONS:
+    raise input_error(f"must be one of {SELECTIONS}, got {selection!r}", file="retrieval",
+                      field="selection")
   if (chunk is not None and chunk < 1) or query_chunk < 1 or (block is not None and block < 1):
     raise input_error("chunk, query_chunk and block must be >= 1", file="retrieval",
                       field="chunk")
@@ -360,7 +450,8 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     size = tile.shape[0]
     if qt.shape[0] > query_chunk and size < query_chunk:
       tile = jnp.pad(tile, ((0, query_chunk - size), (0, 0)))
-    res = _topk_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset), unroll)
+    res = _topk_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset), unroll,
+                    selection)
     parts.append(TopK(res.scores[:size], res.ids[:size]))
   if len(parts) == 1:
     return parts[0]

@@ -290,3 +290,61 @@ def test_selection_with_ties_and_near_ties(chunk, unroll):
     res = exact.topk(qi, di, 10, chunk=chunk, unroll=unroll)
     np.testing.assert_array_equal(np.asarray(res.ids), ids)
     np.testing.assert_array_equal(np.asarray(res.scores), scores)
+
+
+@pytest.mark.parametrize("n,k,block", [(1000, 37, 8), (1003, 37, 16), (4096, 250, 4),
+                                       (777, 777, 1), (640, 40, 32)])
+def test_block_top_k_equals_lax_top_k(n, k, block):
+  """`block_top_k` returns `lax.top_k`'s scores and ids exactly: random scores, exact ties across
+  and inside blocks (integers), a tie at the k-th place, N not a multiple of the block, k = N."""
+  rng = np.random.default_rng(n + k)
+  rows = [rng.standard_normal(n), rng.integers(-5, 6, n).astype(np.float64),
+          np.repeat(rng.standard_normal(n // 7 + 1), 7)[:n]]
+  tied = rng.standard_normal(n)
+  tied[np.argsort(-tied)[k - 1:k + 5]] = tied[np.argsort(-tied)[k - 1]]  # 6 ties at the k-th
+  scores = jnp.asarray(np.stack(rows + [tied]), jnp.float32)
+  got = jax.jit(exact.block_top_k, static_argnames=("k", "block"))(scores, k=k, block=block)
+  want_scores, want_ids = jax.lax.top_k(scores, k)
+  np.testing.assert_array_equal(np.asarray(got.ids), np.asarray(want_ids))
+  np.testing.assert_array_equal(np.asarray(got.scores), np.asarray(want_scores))
+
+
+def test_argmax_top_k_equals_lax_top_k():
+  """k argmax passes give `lax.top_k`'s values and positions exactly: random rows, integer ties,
+  -inf entries taken in position order, 0.0 above -0.0 (XLA's total order), k = M."""
+  rng = np.random.default_rng(3)
+  x = np.stack([rng.standard_normal(50), rng.integers(-3, 4, 50).astype(np.float64),
+                np.where(rng.random(50) < 0.8, -np.inf, rng.standard_normal(50)),
+                rng.choice([-0.0, 0.0, 1.0, -1.0], 50)]).astype(np.float32)
+  for k in (1, 10, 16, 50):
+    vals, pos = jax.jit(exact.argmax_top_k, static_argnums=1)(jnp.asarray(x), k)
+    want_vals, want_pos = jax.lax.top_k(jnp.asarray(x), k)
+    np.testing.assert_array_equal(np.asarray(pos), np.asarray(want_pos))
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(want_vals))
+
+
+def test_default_selection_per_device():
+  assert exact.default_selection(10, "cpu") == "top_k"
+  assert exact.default_selection(exact.ARGMAX_MAX_K, "gpu") == "argmax"
+  assert exact.default_selection(exact.ARGMAX_MAX_K + 1, "tpu") == "top_k"
+  assert exact.default_selection(10) == exact.default_selection(10, jax.default_backend())
+
+
+@pytest.mark.parametrize("chunk,block", [(128, 8), (256, 32), (exact.default_chunk(10, 9, "gpu"),
+                                                                None)])
+def test_scan_selections_agree_with_ties_and_near_ties(chunk, block):
+  """The scan with the argmax selection (the accelerators' default for small k) returns exactly
+  what it returns with `lax.top_k`, on near-tied and exactly tied (integer) tables, with masked
+  rows and k past the number of blocks."""
+  for seed in range(2):
+    q, d = _near_tie_tables(seed)
+    qi = ints(np.random.default_rng(seed), (9, 12))
+    valid = np.random.default_rng(seed).random(d.shape[0]) < 0.9
+    for qt, dt in ((q, d), (qi, d.round())):
+      for k, rv in ((10, None), (16, valid)):
+        a = exact.topk(qt, dt, k, chunk=chunk, block=block, row_valid=rv, selection="argmax")
+        b = exact.topk(qt, dt, k, chunk=chunk, block=block, row_valid=rv, selection="top_k")
+        np.testing.assert_array_equal(np.asarray(a.ids), np.asarray(b.ids))
+        np.testing.assert_array_equal(np.asarray(a.scores), np.asarray(b.scores))
+  with pytest.raises(InputError, match="selection"):
+    exact.topk(q, d, 10, selection="sort")
