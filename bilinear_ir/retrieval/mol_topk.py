@@ -56,8 +56,9 @@ stays in the caches is 2-3x faster there, `default_chunk`); TopKAvg scores all i
 
 The dot-product retrieval steps: the per-component top N is one MIPS per item component over the
 table g_b (N, d_P), by the repo's exact chunked scan `retrieval.exact.scan_topk` (any MIPS index
-could serve it); TopKAvg's top N is one [B, N] matmul and `lax.top_k` (on XLA:CPU faster than the
-chunked scan when N runs into the thousands).
+could serve it); TopKAvg's top N is one [B, N] matmul and a top-N selection, `avg_top_n`: one
+`lax.top_k` on CPU (faster there than the chunked scan when N runs into the thousands), the
+scan's block selection (`exact.block_top_k`) on accelerators, where a large-N `lax.top_k` sorts.
 
 Lower level: the algorithms take a *source* of component logits and gates, `MolSource` (a `Mol`
 scorer, its params, query components and a `MolIndex`) or `DenseSource` (explicit logits and
@@ -80,27 +81,60 @@ from bilinear_ir.errors import require
 from bilinear_ir.retrieval import exact
 from bilinear_ir.scorers.mol import outer_logits
 
-DEFAULT_CHUNK = 4096  # items (candidates) per step; brute force's on accelerators
+DEFAULT_CHUNK = 4096  # items (candidates) per step of the approximate algorithms' scans
+ACCEL_CHUNK = 65536  # brute force's items per step on accelerators (`default_chunk`)
 CPU_CHUNK = 256  # brute force's items per step on CPU (`default_chunk`)
+AVG_BLOCK = 16  # accelerators: TopKAvg's top N by blocks of this many items (`avg_block`)
 CPU_RESCORE_CHUNK = 128  # at most this many candidates per MoL rescoring step on CPU
 FLOAT32 = "highest"  # `jax.default_matmul_precision` of the exact algorithms (module docstring)
 
 
 def default_chunk(platform: str | None = None) -> int:
-  """Brute force's items per step: CPU_CHUNK on CPU, DEFAULT_CHUNK on accelerators.
+  """Brute force's items per step: CPU_CHUNK on CPU, ACCEL_CHUNK on accelerators.
 
   On CPU a step's (B, chunk, gate_hidden) gate activations and (B, chunk, P_x, d_P) gathered
   candidates should stay in the caches: on a 2-core CPU (loaded), 100,000 synthetic items
   (`benchmarks/mol_topk.py`), P_q = P_x = 4, d_P 64, 32 queries, brute force took 1,150 / 1,288 /
   1,307 / 1,394 / about 3,000 ms at chunks 128 / 256 / 512 / 1,024 / 4,096 (same ids), and the
   TopKAvg(4,000) rescoring 80 / 93 / 104 / 127 / 232 ms at 128 / 256 / 512 / 1,024 / 4,096
-  candidates per step (hence CPU_RESCORE_CHUNK). Accelerators keep large steps (fewer loop
-  steps; the memory system is not the limit there).
+  candidates per step (hence CPU_RESCORE_CHUNK). Accelerators take large steps: on one H200
+  (`benchmarks/gpu_sweep.py`, 1M items, 32 queries, P = 4) brute force took 41.0 ms at 4,096
+  items per step and 31.6 ms at 65,536, its best.
 
   Args:
     platform: "cpu", "gpu", "tpu" (None: jax's default backend).
   """
-  return CPU_CHUNK if (platform or jax.default_backend()) == "cpu" else DEFAULT_CHUNK
+  return CPU_CHUNK if (platform or jax.default_backend()) == "cpu" else ACCEL_CHUNK
+
+
+def avg_block(platform: str | None = None) -> int:
+  """Items per block of TopKAvg's top-N selection (`exact.block_top_k`); 1 is one `lax.top_k`.
+
+  1 on CPU, where XLA's `lax.top_k` of N = 4,000 over 1M mean logits (32 queries, 2-core CPU,
+  loaded) took 131-139 ms and the block selection 137-148 ms at blocks 8 / 16 / 32. AVG_BLOCK on
+  accelerators, where `lax.top_k` of a large N sorts the row: on one H200 it was 7.68 of
+  TopKAvg(4,000)'s 8.15 ms over 1M items (`benchmarks/gpu_sweep.py`);
+  `benchmarks/mol_topk.py` times both in its `avg_selection` rows.
+
+  Args:
+    platform: "cpu", "gpu", "tpu" (None: jax's default backend).
+  """
+  return 1 if (platform or jax.default_backend()) == "cpu" else AVG_BLOCK
+
+
+def avg_top_n(scores: jnp.ndarray, n: int, block: int | None = None) -> jnp.ndarray:
+  """TopKAvg's candidate set: ids [B, n] of the n best mean logits, as `lax.top_k` ranks them.
+
+  Args:
+    scores: [B, N] mean logits (finite).
+    n: N of TopKAvg (n <= N).
+    block: items per block (None: `avg_block()`, capped by `exact.default_block` so the k
+      best blocks stay a quarter of the row at most; 1: `lax.top_k`).
+  """
+  block = min(avg_block() if block is None else block, exact.default_block(n, scores.shape[1]))
+  if block == 1:
+    return jax.lax.top_k(scores, n)[1]
+  return exact.block_top_k(scores, n, block).ids
 
 
 def _rescore_step(chunk: int) -> int:
@@ -455,7 +489,7 @@ def _approx(src: Source, k: int, n1: int, n2: int, tight: bool, chunk: int) -> M
   cand = []
   excluded = None
   if n2:
-    avg_ids = jax.lax.top_k(src.avg_scores(0, num_items), n2)[1]  # one [B, N] matmul + top-k
+    avg_ids = avg_top_n(src.avg_scores(0, num_items), n2)  # one [B, N] matmul + top-N
     cand.append(avg_ids)
     if tight:
       rows = jnp.arange(batch)[:, None]

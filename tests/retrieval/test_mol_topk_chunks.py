@@ -10,9 +10,31 @@ from bilinear_ir.retrieval import mol_topk as mt
 
 
 def test_default_chunk_per_device():
-  assert mt.default_chunk("cpu") == mt.CPU_CHUNK < mt.DEFAULT_CHUNK
-  assert mt.default_chunk("gpu") == mt.default_chunk("tpu") == mt.DEFAULT_CHUNK
+  assert mt.default_chunk("cpu") == mt.CPU_CHUNK < mt.ACCEL_CHUNK
+  assert mt.default_chunk("gpu") == mt.default_chunk("tpu") == mt.ACCEL_CHUNK
   assert mt.default_chunk() == mt.default_chunk(jax.default_backend())
+  assert mt.avg_block("cpu") == 1 < mt.AVG_BLOCK == mt.avg_block("gpu") == mt.avg_block("tpu")
+
+
+@pytest.mark.parametrize("n", [40, 300, 3000])
+def test_avg_top_n_by_blocks_is_lax_top_k(n):
+  """TopKAvg's candidate set by the block selection (the accelerators' path, forced here) equals
+  `lax.top_k`'s, exact ties included (duplicated items), and so does the whole TopKAvg result."""
+  src, *_ = _source()
+  avg = src.avg_scores(0, src.num_items)
+  want = np.asarray(jax.lax.top_k(avg, n)[1])
+  for block in (4, 16):
+    np.testing.assert_array_equal(np.asarray(mt.avg_top_n(avg, n, block=block)), want)
+  np.testing.assert_array_equal(np.asarray(mt.avg_top_n(avg, n, block=1)), want)
+  plain = mt.topk_avg(src, k=20, n=n, tight_bound=True)
+  mt.topk_avg.clear_cache()
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(mt, "avg_block", lambda platform=None: 16)
+    blocks = mt.topk_avg(src, k=20, n=n, tight_bound=True)
+  mt.topk_avg.clear_cache()
+  for field in ("ids", "scores", "gap_bound", "gap_bound_retrieved"):
+    np.testing.assert_array_equal(np.asarray(getattr(blocks, field)),
+                                  np.asarray(getattr(plain, field)))
 
 
 def _source(items=3000, batch=6, p=2, d_p=16, seed=0):
@@ -32,11 +54,13 @@ def _source(items=3000, batch=6, p=2, d_p=16, seed=0):
 
 def _float64_twin(module, params, qc, ic, k):
   """MoL scores of every item in numpy float64 (the gate MLP's float32 output, float64 mixture),
-  and the top-k ids by (score desc, id asc)."""
+  and the top-k ids by (score desc, id asc). The gate MLP runs at float32 (not a GPU's default
+  TF32, which moved the twin's scores by up to 7e-4 relative on an H200)."""
   logits = np.einsum("bad,nxd->bnax", qc.astype(np.float64), ic.astype(np.float64))
   logits = logits.reshape(qc.shape[0], ic.shape[0], -1) / module.temperature
-  gates = np.asarray(module.apply({"params": params}, jnp.asarray(logits, jnp.float32),
-                                  method=module.mix)[1], np.float64)
+  with jax.default_matmul_precision("float32"):
+    gates = np.asarray(module.apply({"params": params}, jnp.asarray(logits, jnp.float32),
+                                    method=module.mix)[1], np.float64)
   phi = np.sum(gates * logits, axis=-1)
   order = np.lexsort((np.broadcast_to(np.arange(ic.shape[0]), phi.shape), -phi), axis=-1)
   return phi, order[:, :k]
@@ -62,9 +86,11 @@ def test_brute_force_is_the_same_at_every_chunk(chunk):
 @pytest.mark.parametrize("chunk", [64, 4096])
 def test_topk_avg_rescoring_steps_give_brute_force_when_every_item_is_a_candidate(chunk):
   # n = N: every item is a candidate, so TopKAvg must return brute force's list exactly, whatever
-  # the rescoring step (CPU: at most CPU_RESCORE_CHUNK candidates per step)
+  # the rescoring step (CPU: at most CPU_RESCORE_CHUNK candidates per step). TopKAvg rescores at
+  # the backend's default precision (TF32 on GPUs, where near-ties then swap), so at float32 here.
   src, *_ = _source()
-  full = mt.topk_avg(src, k=20, n=3000, tight_bound=False, chunk=chunk)
+  with jax.default_matmul_precision("float32"):
+    full = mt.topk_avg(src, k=20, n=3000, tight_bound=False, chunk=chunk)
   bf = mt.brute_force(src, k=20)
   np.testing.assert_array_equal(np.asarray(full.ids), np.asarray(bf.ids))
   np.testing.assert_allclose(np.asarray(full.scores), np.asarray(bf.scores), rtol=1e-6)
