@@ -14,6 +14,9 @@ timed-out step is recorded and the check goes on. At the end ONE file, `OUT/summ
   {"device": str, "steps": {STEP: {"passed": bool, "status": str, "seconds": float,
                                    "cases": [...]}}, "mode", "budget_s", "total_seconds"}
 
+(the mol step adds "avg_selection": TopKAvg's top-N selection alone per block, its JSON's
+`avg_selection_rows`)
+
 where a benchmark's cases are its JSON cases with every ratio (`ratio_vs_bound`, `bound_ms`,
 `peak_flops`, `bandwidth_gbs`, `peer_torch_ms` / `note`, `ratio_vs_torch`, ...), a test step's
 case is its pytest counts and failing tests, and the device step's is its peaks. The headline
@@ -25,14 +28,18 @@ Steps (in this order: the device's own numbers first, CPU-only logic last):
                 tests/test_device_exactness.py (the exactness claims against float64 numpy
                 twins, sharded top-k over the device's chips), tests/test_precision.py,
                 tests/retrieval/: test_retrieval_exact.py (the selection with ties and
-                near-ties), test_certified.py, test_mol_topk.py. Reduced:
+                near-ties), test_certified.py, test_mol_topk.py,
+                test_mol_topk_chunks.py. Reduced:
                 test_device_exactness.py without the MoL and certified cases (CI runs the rest).
   topk          benchmarks/topk.py, every case, default sizes, peers on the same device: the bare
                 matmul and torch (float32 with TF32 off, and bf16) at its best chunk; our scan also
-                at chunks 8,192 / 131,072 / 1,048,576 (`scan_chunk_ms`). Reduced: --scale 0.01,
+                at chunks 8,192 / 131,072 / 1,048,576 (`scan_chunk_ms`) and with each
+                selection, lax.top_k and argmax passes (`scan_selection_ms`). Reduced: --scale 0.01,
                 64 queries, two cases, the matmul and torch on the CPU (a smoke test of the peer).
-  mol           benchmarks/mol_topk.py: 1,000,000 items, P = 4, a short grid, torch brute force
-                on the device (reduced: 5,000 items, torch on the CPU).
+  mol           benchmarks/mol_topk.py: 1,000,000 items, P = 4, a short grid, brute force also
+                at 4,096 and 65,536 items per step, torch brute force on the device at its
+                fastest step, TopKAvg's top-N selection alone per block (reduced: 5,000 items,
+                torch on the CPU).
   train         benchmarks/train_throughput.py: bilinear and lowrank at n = 384, one round, torch
                 eager and compiled on the same device (reduced: lowrank n = 64, 10 steps, eager).
   stream        benchmarks/topk_stream.py on a small synthetic index written to a temporary
@@ -78,7 +85,7 @@ print(json.dumps(out, indent=2))
 # Seconds per step (accelerator / reduced). The accelerator limits add up to the default budget
 # (450 s) caps them: with the wheel install and start-up, the whole check ends within 8 minutes on
 # a GPU (the first H200 run needed more than 90 s for tests_device and 100 s for topk).
-LIMITS = {"device": (40, 30), "tests_device": (150, 45), "topk": (160, 60), "mol": (60, 60),
+LIMITS = {"device": (40, 30), "tests_device": (150, 45), "topk": (160, 60), "mol": (90, 60),
           "train": (70, 35), "stream": (30, 35), "tests_sharding": (40, 45), "fidelity": (20, 30)}
 
 
@@ -96,7 +103,7 @@ def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool) 
                   if reduced else
                   ["tests/test_device_exactness.py", "tests/test_precision.py",
                    "tests/retrieval/test_retrieval_exact.py", "tests/retrieval/test_certified.py",
-                   "tests/retrieval/test_mol_topk.py"])
+                   "tests/retrieval/test_mol_topk.py", "tests/retrieval/test_mol_topk_chunks.py"])
   plan = [
       {"name": "device", "cmd": [py, "-c", DEVICE_SCRIPT, j("device")], "env": dev_env},
       {"name": "tests_device", "cmd": [py, "-m", "pytest", "-q", "-rfs", "-p",
@@ -110,13 +117,14 @@ def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool) 
   else:
     # on an accelerator: the bare matmul and torch on the same device (FAISS is CPU-only), and
     # the scan at other chunk sizes than the device default
-    topk += ["--repeats", "5", "--peers", "matmul,torch", "--chunks", "8192,131072,1048576"]
+    topk += ["--repeats", "5", "--peers", "matmul,torch", "--chunks", "8192,131072,1048576",
+             "--selections", "top_k,argmax"]
   plan.append({"name": "topk", "cmd": topk, "env": dev_env, "json": j("topk")})
   mol = [py, os.path.join(BENCH, "mol_topk.py"), "--p", "4", "--json", j("mol")]
   mol += (["--items", "5000", "--repeats", "1", "--avg", "500", "--per_embd", "--comb",
            "--torch-device", "cpu"] if reduced
           else ["--items", "1000000", "--repeats", "3", "--avg", "2000", "4000", "8000",
-                "--per_embd", "200", "--comb", "100_1000"])
+                "--per_embd", "200", "--comb", "100_1000", "--brute_chunks", "4096", "65536"])
   plan.append({"name": "mol", "cmd": mol, "env": dev_env, "json": j("mol")})
   train = [py, os.path.join(BENCH, "train_throughput.py"), "--json", j("train")]
   if reduced:
@@ -203,6 +211,15 @@ def cases_of(record: dict, out: str) -> list[dict]:
   return [data]
 
 
+def avg_selection_of(record: dict, out: str) -> list[dict]:
+  """The MoL step's TopKAvg top-N selection rows (`avg_selection_rows` of its JSON), or []."""
+  path = os.path.join(out, record.get("json") or "")
+  if record["name"] != "mol" or not record.get("json") or not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return json.load(f).get("avg_selection_rows", [])
+
+
 def headline(name: str, cases: list[dict]) -> list[str]:
   """The key ratios of a step's cases, as lines (printed at the end)."""
   lines = []
@@ -222,6 +239,10 @@ def headline(name: str, cases: list[dict]) -> list[str]:
                    f"{r(c.get('ratio_vs_torch'))}, compiled "
                    f"{r(c.get('ratio_vs_torch_compiled'))}"
                    + (f" ({c['note']})" if c.get("note") else ""))
+    elif name == "mol_avg_selection":
+      lines.append(f"TopKAvg top-N selection, {c['items']} items, N {c['N']}, block "
+                   f"{c['block']}{' (default)' if c['default'] else ''}: {c['ms']:.2f} ms, "
+                   f"same ids as lax.top_k {c['same_ids_as_lax_top_k']}")
     elif name == "mol":
       lines.append(f"{c['items']} items P={c['P_q']} {c['method']} {c['N']}: HR@100 "
                    f"{c['hr_rel'].get('100', float('nan')):.3f}, {c['ms']:.2f} ms, "
@@ -290,6 +311,10 @@ def main(argv=None) -> int:
                                   "seconds": rec.get("seconds"), "cases": cases}
     lines += [f"## {rec['name']}: {rec['status']} ({rec.get('seconds', '-')} s)"]
     lines += [f"  {x}" for x in headline(rec["name"], cases)]
+    if rec["name"] == "mol" and rec["status"] != "skipped (budget spent)":
+      avg_rows = avg_selection_of(rec, out)
+      summary_steps["mol"]["avg_selection"] = avg_rows
+      lines += [f"  {x}" for x in headline("mol_avg_selection", avg_rows)]
   device_cases = summary_steps.get("device", {}).get("cases") or [{}]
   dev = device_cases[0]
   device = (f"{dev.get('platform', platform)} {dev.get('device_kind', '')} x "

@@ -45,11 +45,20 @@ default precision (TF32 on GPUs: the "default" peak). Fields: `bound_ms`, `ratio
 `peak_flops`, `bandwidth_gbs`.
 Torch peer (brute force only): the same MoL (logits, the same gating MLP weights, the mixture)
 with `torch.topk`, on a CUDA device where jax runs on a GPU (`torch_peer.setup`), float32 with
-TF32 off, `--chunk` (default 4,096) items at a time: `peer_torch_ms`; elsewhere null with `note`.
+TF32 off, at its fastest of `--torch_chunks` items per step (default 4,096 and 65,536, timed
+interleaved with the rest): `peer_torch_ms` (`torch_chunk` names the step); elsewhere null with
+`note`. Brute force runs at its per-device default step (`mol_topk.default_chunk`); the other
+steps of `--brute_chunks` are timed beside it (`brute_chunks_ms`, each checked for the same ids),
+so the reported speedups are against its best measured step, not a handicapped one.
+
+TopKAvg's top-N selection alone (`avg_selection_rows`): on the report queries' mean logits,
+`lax.top_k` (block 1) against the block selection (`mol_topk.avg_top_n`) at blocks 8 / 16 / 32,
+ids checked against `lax.top_k`'s, timed interleaved; `default` marks the block this device uses.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 import jax
@@ -58,7 +67,7 @@ import numpy as np
 
 import torch_peer  # benchmarks/torch_peer.py
 from bilinear_ir import allocator, files, scorers, timing
-from bilinear_ir.retrieval import mol_topk
+from bilinear_ir.retrieval import exact, mol_topk
 
 HR_AT = (1, 10, 50, 100)
 
@@ -202,10 +211,10 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
                      rho=args.rho)
   index = mol_topk.index_from_components(jnp.asarray(ic), p)
   torch, device, torch_note = peer
-  torch_fn = None
+  torch_fns = {}
   if torch is not None:
-    torch_fn = torch_brute_force(torch, device, params, qc[args.select_batch:], ic, k,
-                                 args.temperature, args.chunk or mol_topk.DEFAULT_CHUNK)
+    torch_fns = {c: torch_brute_force(torch, device, params, qc[args.select_batch:], ic, k,
+                                      args.temperature, c) for c in args.torch_chunks}
   del ic
   sources = {"selection": mol_topk.MolSource(jnp.asarray(qc[:args.select_batch]), index, params,
                                              module),
@@ -252,16 +261,27 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
   rep_src = sources["report"]
   report_truth = np.asarray(brute["report"]().ids)
   fns = {"BruteForce": brute["report"]}
+  default_chunk = args.chunk or mol_topk.default_chunk()
+  other_chunks = [c for c in args.brute_chunks if c != default_chunk]
+  for c in other_chunks:
+    fns[f"BruteForce@{c}"] = lambda c=c: mol_topk.brute_force(rep_src, k, chunk=c)
   for label, r in chosen.items():
     fns[label] = lambda cfg=r["cfg"]: call(rep_src, cfg)
   torch_hr = None
-  if torch_fn is not None:
-    fns["torch"] = torch_fn
-    torch_hr = hit_rates(torch_fn().cpu().numpy(), report_truth).get("100")
+  for c, fn in torch_fns.items():
+    fns[f"torch@{c}"] = fn
+    torch_hr = hit_rates(fn().cpu().numpy(), report_truth).get("100")
   probes, probe_flops = timing.peak_probes()  # the peaks again, in the same rounds
   fastest = {}
   ms = timing.timed_interleaved(fns | probes, args.repeats, warmup=1, fastest=fastest)
   case_peaks = timing.with_interleaved_peaks(peaks, fastest, probe_flops)
+  brute_chunks_ms = {str(default_chunk): ms["BruteForce"]}
+  for c in other_chunks:
+    same = np.array_equal(np.asarray(fns[f"BruteForce@{c}"]().ids), report_truth)
+    brute_chunks_ms[str(c)] = ms[f"BruteForce@{c}"] if same else f"different ids at chunk {c}"
+  torch_chunk = min(torch_fns, key=lambda c: ms[f"torch@{c}"]) if torch_fns else None
+  if torch_chunk is not None:
+    ms["torch"] = ms[f"torch@{torch_chunk}"]
 
   def bound(cfg, row_ms):
     flops, nbytes, dtype = work(cfg, items, args.batch, p, args.d_p, 128)
@@ -271,12 +291,15 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
             "peer_torch_ms": torch_ms and round(torch_ms, 3),
             "ratio_vs_torch_brute_force": round(torch_ms / row_ms, 3) if torch_ms else None,
             "torch_hr_at_100": torch_hr,
-            "note": (f"torch peer: MoL brute force on {device}, float32 (TF32 off)"
+            "torch_chunk": torch_chunk,
+            "note": (f"torch peer: MoL brute force on {device}, float32 (TF32 off), the "
+                     f"fastest of chunks {list(torch_fns)}: {torch_chunk}"
                      if torch_ms else f"no torch peer: {torch_note}")}
 
   report = [{"items": items, "P_q": p, "P_x": p, "queries": "report", "method": "BruteForce",
              "N": "-", "hr_rel": hit_rates(report_truth, report_truth), "ms": ms["BruteForce"],
-             "speedup_vs_brute": 1.0, **bound(None, ms["BruteForce"])}]
+             "speedup_vs_brute": 1.0, "chunk": default_chunk, "brute_chunks_ms": brute_chunks_ms,
+             **bound(None, ms["BruteForce"])}]
   for label, r in chosen.items():
     res = fns[label]()
     row = {"items": items, "P_q": p, "P_x": p, "queries": "report", "method": label, "N": r["N"],
@@ -294,7 +317,39 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
               report)
   for r in selection:
     r.pop("cfg", None)
-  return selection, report
+  return selection, report, avg_selection(rep_src, items, p, args.avg, args.repeats)
+
+
+def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], repeats: int
+                  ) -> list[dict]:
+  """TopKAvg's top-N selection alone, on `src`'s mean logits [B, items]: `lax.top_k` (block 1)
+  against `mol_topk.avg_top_n` at blocks 8 / 16 / 32 (those `exact.default_block` allows), timed
+  interleaved, ids checked against `lax.top_k`'s. Rows {items, P_q, N, block, ms,
+  same_ids_as_lax_top_k, default}."""
+  avg = jax.block_until_ready(src.avg_scores(0, src.num_items))
+  rows = []
+  for n in ns:
+    if n > items:
+      continue
+    allowed = exact.default_block(n, items)
+    blocks = [1] + [b for b in (8, 16, 32) if b <= allowed]
+    fns = {b: jax.jit(functools.partial(mol_topk.avg_top_n, n=n, block=b)) for b in blocks}
+    ms = timing.timed_interleaved({str(b): functools.partial(f, avg) for b, f in fns.items()},
+                                  repeats, warmup=1)
+    ref = np.asarray(fns[1](avg))
+    used = min(mol_topk.avg_block(), allowed)
+    for b, f in fns.items():
+      rows.append({"items": items, "P_q": p, "N": n, "block": b, "ms": round(ms[str(b)], 3),
+                   "same_ids_as_lax_top_k": bool(np.array_equal(np.asarray(f(avg)), ref)),
+                   "default": b == used})
+  if rows:
+    print(f"\n### TopKAvg's top-N selection alone ({items:,} items, P = {p}): block 1 is "
+          "lax.top_k\n")
+    print("| N | block | ms | same ids | default |\n|---|---|---|---|---|")
+    for r in rows:
+      print(f"| {r['N']} | {r['block']} | {r['ms']:.2f} | {r['same_ids_as_lax_top_k']} | "
+            f"{'yes' if r['default'] else ''} |", flush=True)
+  return rows
 
 
 def print_table(title: str, rows: list[dict]) -> None:
@@ -338,6 +393,10 @@ def main() -> None:
                       help="items per step (default: brute force per device, "
                            "mol_topk.default_chunk; the other algorithms and torch "
                            "mol_topk.DEFAULT_CHUNK)")
+  parser.add_argument("--brute_chunks", type=int, nargs="*", default=[],
+                      help="brute force's other steps, timed beside its default (same ids)")
+  parser.add_argument("--torch_chunks", type=int, nargs="+", default=[4096, 65536],
+                      help="the torch peer's steps; its fastest is the peer")
   parser.add_argument("--repeats", type=int, default=3, help="timed warm runs (median)")
   parser.add_argument("--torch-device", default="cuda", choices=("cuda", "cpu"),
                       help="torch brute-force peer: cuda (where jax runs on a GPU; elsewhere "
@@ -353,12 +412,13 @@ def main() -> None:
   peer = torch_peer.setup(args.torch_device)
   print(f"torch peer: {peer[2] or peer[1]}")
   print(f"data: {DATA}")
-  selection, report = [], []
+  selection, report, avg_rows = [], [], []
   for items in args.items:
     for p in args.p:
-      sel, rep = run_workload(args, items, p, peaks, peer)
+      sel, rep, avg = run_workload(args, items, p, peaks, peer)
       selection += sel
       report += rep
+      avg_rows += avg
 
   largest = max(args.items)
   print(f"\ngoal: at {largest:,} items, the fastest configuration with relative HR@100 >= "
@@ -378,7 +438,8 @@ def main() -> None:
             "selection queries")
   if args.json:
     files.atomic_write_json(args.json, {"hardware": hw, "peaks": peaks, "data": DATA,
-                                        "rows": report, "selection_rows": selection})
+                                        "rows": report, "selection_rows": selection,
+                                        "avg_selection_rows": avg_rows})
 
 if __name__ == "__main__":
   main()

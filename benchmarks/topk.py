@@ -97,6 +97,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--chunks", default="",
                  help="comma list of extra scan chunk sizes to time on the float32 cases "
                       "(`scan_chunk_ms`; the default chunk is the device's, exact.default_chunk)")
+  p.add_argument("--selections", default="",
+                 help="comma list of the scan's selections to time beside the default "
+                      "(top_k,argmax: `scan_selection_ms`; exact.default_selection per device)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", default=None, help="write the results here")
   return p.parse_args(argv)
@@ -273,9 +276,19 @@ class Runner:
     fns[name] = torch_peer.topk_fn(self.torch, self.torch_device, q, d, k, dtype, chunk)
 
   def chunk_variants(self, qt, dt, k: int, fns: dict) -> None:
-    """Adds our scan at each `--chunks` size to `fns` as `scan_c<chunk>`."""
+    """Adds our scan at each `--chunks` size to `fns` as `scan_c<chunk>`, and with each
+    `--selections` way of selecting as `scan_sel_<selection>`."""
     for c in (int(x) for x in self.args.chunks.split(",") if x):
       fns[f"scan_c{c}"] = lambda c=c: exact.topk(qt, dt, k, chunk=c)
+    for sel in (x for x in self.args.selections.split(",") if x):
+      fns[f"scan_sel_{sel}"] = lambda sel=sel: exact.topk(qt, dt, k, selection=sel)
+
+  @staticmethod
+  def selection_ms(ms: dict, k: int) -> dict:
+    """{"default": exact.default_selection(k), SELECTION: ms, ...} of the `--selections` runs,
+    or {} when none ran."""
+    out = {name[9:]: round(v, 3) for name, v in ms.items() if name.startswith("scan_sel_")}
+    return {"default": exact.default_selection(k), **out} if out else {}
 
   def time_all(self, fns: dict) -> dict:
     """Median ms of every call, timed interleaved, each timed call after an untimed one; None for
@@ -358,7 +371,8 @@ class Runner:
     pays = certified.bf16_pays()
     if "scan" in ms:
       self.record(tag, b, n, w, k, "float32", ms["scan"], ms["faiss"], ms["matmul"],
-                  "exact.topk float32 scan", torch_ms=ms.get("torch"), chunk_ms=chunk_ms)
+                  "exact.topk float32 scan", torch_ms=ms.get("torch"), chunk_ms=chunk_ms,
+                  **({"scan_selection_ms": sel} if (sel := self.selection_ms(ms, k)) else {}))
     res = fns["bf16cand"]()
     same = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
     self.record("bf16cand_" + tag, b, n, w, k, "float32", ms["bf16cand"], ms["faiss"],
@@ -425,6 +439,8 @@ class Runner:
                  "ratio_vs_numpy": round(ms["numpy"] / ms[name], 3)}
       if name == "scan":
         extra["chunk_ms"] = chunk_ms
+        if sel := self.selection_ms(ms, k):
+          extra["scan_selection_ms"] = sel
       else:
         extra["bf16_pays_here"] = certified.bf16_pays()
       self.record(("" if name == "scan" else "bf16cand_") + f"q{b}_d{n}_n{w}_k{k}", b, n, w, k,
