@@ -113,8 +113,10 @@ def avg_block(platform: str | None = None) -> int:
   1 on CPU, where XLA's `lax.top_k` of N = 4,000 over 1M mean logits (32 queries, 2-core CPU,
   loaded) took 131-139 ms and the block selection 137-148 ms at blocks 8 / 16 / 32. AVG_BLOCK on
   accelerators, where `lax.top_k` of a large N sorts the row: on one H200 it was 7.68 of
-  TopKAvg(4,000)'s 8.15 ms over 1M items (`benchmarks/gpu_sweep.py`);
-  `benchmarks/mol_topk.py` times both in its `avg_selection` rows.
+  TopKAvg(4,000)'s 8.15 ms over 1M items (`benchmarks/gpu_sweep.py`). `benchmarks/mol_topk.py`
+  times both (`avg_selection_rows`); on one H200, 1M items, 32 queries, N = 2,000 / 4,000 /
+  8,000: `lax.top_k` 7.54 / 7.53 / 7.71 ms, blocks of 8: 1.48 / 1.51 / 2.14, of 16: 1.02 / 1.21
+  / 2.04, of 32: 0.99 / 1.70 / - ms, all with `lax.top_k`'s ids.
 
   Args:
     platform: "cpu", "gpu", "tpu" (None: jax's default backend).
