@@ -56,7 +56,7 @@ MAX_ACCEL_CHUNK = 1 << 20   # largest default chunk on accelerators
 MAX_UNROLL = 16             # accelerators: scan loops of at most this many steps are unrolled
 DEFAULT_QUERY_CHUNK = 1024  # queries per scan
 MAX_BLOCK = 32              # largest block of docs summarised by its maximum
-ARGMAX_MAX_K = 16           # accelerators: k up to this selects by k argmax passes (`selection`)
+ARGMAX_MAX_K = 16           # GPUs: k up to this selects by k argmax passes (`selection`)
 SELECTIONS = ("top_k", "argmax")  # how the scan picks its k best blocks and docs (`selection`)
 PRECISION = lax.Precision.HIGHEST  # float32 score matmuls on every backend (module docstring)
 NO_DOC = np.iinfo(np.int32).max  # id of a padding slot (only returned when fewer than k docs)
@@ -146,7 +146,8 @@ def default_selection(k: int, platform: str | None = None) -> str:
   """How the scan picks its k best blocks and docs, per device: "top_k" or "argmax".
 
   "top_k" is `lax.top_k`; "argmax" is `argmax_top_k` (k fused argmax passes), the same result.
-  On CPU always "top_k". On accelerators "argmax" for k <= ARGMAX_MAX_K: XLA's GPU `lax.top_k`
+  "argmax" on GPUs for k <= ARGMAX_MAX_K, "top_k" elsewhere (CPU; TPU, not measured): XLA's GPU
+  `lax.top_k`
   sorts the whole row, which was 15% of the 1,000 x 200k scan's device time on one H200 (the
   `benchmarks/gpu_sweep.py` profile); `benchmarks/topk.py --selections top_k,argmax` times both.
   Measured on one H200 (k = 10, width 384, one step, median of 5): 1,000 x 200k, 5.07 ms with
@@ -156,9 +157,9 @@ def default_selection(k: int, platform: str | None = None) -> str:
     k: results per query.
     platform: "cpu", "gpu", "tpu" (None: jax's default backend).
   """
-  if (platform or jax.default_backend()) == "cpu" or k > ARGMAX_MAX_K:
-    return "top_k"
-  return "argmax"
+  if (platform or jax.default_backend()) == "gpu" and k <= ARGMAX_MAX_K:
+    return "argmax"
+  return "top_k"
 
 
 def argmax_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:

@@ -58,7 +58,7 @@ The dot-product retrieval steps: the per-component top N is one MIPS per item co
 table g_b (N, d_P), by the repo's exact chunked scan `retrieval.exact.scan_topk` (any MIPS index
 could serve it); TopKAvg's top N is one [B, N] matmul and a top-N selection, `avg_top_n`: one
 `lax.top_k` on CPU (faster there than the chunked scan when N runs into the thousands), the
-scan's block selection (`exact.block_top_k`) on accelerators, where a large-N `lax.top_k` sorts.
+scan's block selection (`exact.block_top_k`) on GPUs, where a large-N `lax.top_k` sorts.
 
 Lower level: the algorithms take a *source* of component logits and gates, `MolSource` (a `Mol`
 scorer, its params, query components and a `MolIndex`) or `DenseSource` (explicit logits and
@@ -84,7 +84,7 @@ from bilinear_ir.scorers.mol import outer_logits
 DEFAULT_CHUNK = 4096  # items (candidates) per step of the approximate algorithms' scans
 ACCEL_CHUNK = 65536  # brute force's items per step on accelerators (`default_chunk`)
 CPU_CHUNK = 256  # brute force's items per step on CPU (`default_chunk`)
-AVG_BLOCK = 16  # accelerators: TopKAvg's top N by blocks of this many items (`avg_block`)
+AVG_BLOCK = 16  # GPUs: TopKAvg's top N by blocks of this many items (`avg_block`)
 CPU_RESCORE_CHUNK = 128  # at most this many candidates per MoL rescoring step on CPU
 FLOAT32 = "highest"  # `jax.default_matmul_precision` of the exact algorithms (module docstring)
 
@@ -110,18 +110,18 @@ def default_chunk(platform: str | None = None) -> int:
 def avg_block(platform: str | None = None) -> int:
   """Items per block of TopKAvg's top-N selection (`exact.block_top_k`); 1 is one `lax.top_k`.
 
-  1 on CPU, where XLA's `lax.top_k` of N = 4,000 over 1M mean logits (32 queries, 2-core CPU,
-  loaded) took 131-139 ms and the block selection 137-148 ms at blocks 8 / 16 / 32. AVG_BLOCK on
-  accelerators, where `lax.top_k` of a large N sorts the row: on one H200 it was 7.68 of
-  TopKAvg(4,000)'s 8.15 ms over 1M items (`benchmarks/gpu_sweep.py`). `benchmarks/mol_topk.py`
-  times both (`avg_selection_rows`); on one H200, 1M items, 32 queries, N = 2,000 / 4,000 /
+  AVG_BLOCK on GPUs, 1 elsewhere (CPU; TPU, not measured). On CPU, XLA's `lax.top_k` of
+  N = 4,000 over 1M mean logits (32 queries, 2-core CPU, loaded) took 131-139 ms and the block
+  selection 137-148 ms at blocks 8 / 16 / 32. On GPUs `lax.top_k` of a large N sorts the row: on
+  one H200 it was 7.68 of TopKAvg(4,000)'s 8.15 ms over 1M items (`benchmarks/gpu_sweep.py`).
+  `benchmarks/mol_topk.py` times both (`avg_selection_rows`); on one H200, 1M items, 32 queries, N = 2,000 / 4,000 /
   8,000: `lax.top_k` 7.54 / 7.53 / 7.71 ms, blocks of 8: 1.48 / 1.51 / 2.14, of 16: 1.02 / 1.21
   / 2.04, of 32: 0.99 / 1.70 / - ms, all with `lax.top_k`'s ids.
 
   Args:
     platform: "cpu", "gpu", "tpu" (None: jax's default backend).
   """
-  return 1 if (platform or jax.default_backend()) == "cpu" else AVG_BLOCK
+  return AVG_BLOCK if (platform or jax.default_backend()) == "gpu" else 1
 
 
 def avg_top_n(scores: jnp.ndarray, n: int, block: int | None = None) -> jnp.ndarray:

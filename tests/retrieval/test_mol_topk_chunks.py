@@ -13,12 +13,12 @@ def test_default_chunk_per_device():
   assert mt.default_chunk("cpu") == mt.CPU_CHUNK < mt.ACCEL_CHUNK
   assert mt.default_chunk("gpu") == mt.default_chunk("tpu") == mt.ACCEL_CHUNK
   assert mt.default_chunk() == mt.default_chunk(jax.default_backend())
-  assert mt.avg_block("cpu") == 1 < mt.AVG_BLOCK == mt.avg_block("gpu") == mt.avg_block("tpu")
+  assert mt.avg_block("cpu") == mt.avg_block("tpu") == 1 < mt.AVG_BLOCK == mt.avg_block("gpu")
 
 
 @pytest.mark.parametrize("n", [40, 300, 3000])
 def test_avg_top_n_by_blocks_is_lax_top_k(n):
-  """TopKAvg's candidate set by the block selection (the accelerators' path, forced here) equals
+  """TopKAvg's candidate set by the block selection (the GPUs' path, forced here) equals
   `lax.top_k`'s, exact ties included (duplicated items), and so does the whole TopKAvg result."""
   src, *_ = _source()
   avg = src.avg_scores(0, src.num_items)

@@ -326,14 +326,15 @@ def test_argmax_top_k_equals_lax_top_k():
 def test_default_selection_per_device():
   assert exact.default_selection(10, "cpu") == "top_k"
   assert exact.default_selection(exact.ARGMAX_MAX_K, "gpu") == "argmax"
-  assert exact.default_selection(exact.ARGMAX_MAX_K + 1, "tpu") == "top_k"
+  assert exact.default_selection(exact.ARGMAX_MAX_K + 1, "gpu") == "top_k"
+  assert exact.default_selection(10, "tpu") == "top_k"
   assert exact.default_selection(10) == exact.default_selection(10, jax.default_backend())
 
 
 @pytest.mark.parametrize("chunk,block", [(128, 8), (256, 32), (exact.default_chunk(10, 9, "gpu"),
                                                                 None)])
 def test_scan_selections_agree_with_ties_and_near_ties(chunk, block):
-  """The scan with the argmax selection (the accelerators' default for small k) returns exactly
+  """The scan with the argmax selection (the GPUs' default for small k) returns exactly
   what it returns with `lax.top_k`, on near-tied and exactly tied (integer) tables, with masked
   rows and k past the number of blocks."""
   for seed in range(2):
