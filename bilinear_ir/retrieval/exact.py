@@ -33,7 +33,7 @@ unaffected (bf16 products are exact in float32 and accumulate in float32).
 
 Speed (CPU): XLA's float32 matmul runs near the core's peak, so the scan costs the matmul plus
 the selection (block maxima, one small `lax.top_k` per chunk, gathers); `lax.top_k` runs on one
-thread. `certified.bf16_topk` gives the same exact float32 result from a bf16 scan (2-3x faster
+thread. On GPUs the selection of small k is k fused argmax passes instead (`default_selection`). `certified.bf16_topk` gives the same exact float32 result from a bf16 scan (2-3x faster
 matmuls on CPUs with AVX512-BF16) plus a float32 rescoring of a few candidates per query.
 """
 from __future__ import annotations
@@ -147,9 +147,9 @@ def default_selection(k: int, platform: str | None = None) -> str:
 
   "top_k" is `lax.top_k`; "argmax" is `argmax_top_k` (k fused argmax passes), the same result.
   "argmax" on GPUs for k <= ARGMAX_MAX_K, "top_k" elsewhere (CPU; TPU, not measured): XLA's GPU
-  `lax.top_k`
-  sorts the whole row, which was 15% of the 1,000 x 200k scan's device time on one H200 (the
-  `benchmarks/gpu_sweep.py` profile); `benchmarks/topk.py --selections top_k,argmax` times both.
+  `lax.top_k` sorts the whole row, which was 15% of the 1,000 x 200k scan's device time on one
+  H200 (the `benchmarks/gpu_sweep.py` profile); `benchmarks/topk.py --selections top_k,argmax`
+  times both.
   Measured on one H200 (k = 10, width 384, one step, median of 5): 1,000 x 200k, 5.07 ms with
   `lax.top_k` and 4.63 ms with argmax passes; 32 x 1M, 1.94 and 1.83 ms.
 
