@@ -22,6 +22,7 @@ from bilinear_ir import scorers
 from bilinear_ir.data import batches
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
+from bilinear_ir.eval import metrics as metrics_lib
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import spec
 from bilinear_ir.train import losses
@@ -91,7 +92,7 @@ def bm25_guard(module, params: Any, queries: np.ndarray, docs: np.ndarray,
   """
   require(len(grid) > 0 and all(0.0 <= float(x) <= 1.0 for x in grid),
           f"needs lam values in [0, 1], got {list(grid)}", field="train.ict.guard_grid")
-  depth = int(measure.split("@")[1]) if "@" in measure else 1000
+  depth = metrics_lib.parse_measure(measure)[1] or 1000
   qids = [str(i) for i in range(len(queries))]
   doc_ids = [str(j) for j in range(len(docs))]
   pseudo_qrels = {q: {doc_ids[int(d)]: 1 for d in row if d >= 0} for q, row in zip(qids, pseudo)}
@@ -241,8 +242,8 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
 
   # Dev evaluations only need the depth of their measures (all @k), not the run's full depth.
   dev_measures = list(evaluate.dev_measures(tcfg.select_metric))
-  dev_depth = (max(int(m.split("@")[1]) for m in dev_measures)
-               if all("@" in m for m in dev_measures) else ecfg.depth)
+  cutoffs = [metrics_lib.parse_measure(m)[1] for m in dev_measures]
+  dev_depth = max(cutoffs) if all(k is not None for k in cutoffs) else ecfg.depth
   has_params = bool(jax.tree.leaves(params))
   data = training_data(row, prepared, splitset) if has_params else None
   on_dev = None
