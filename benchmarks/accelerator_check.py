@@ -195,29 +195,24 @@ def run_step(step: dict, out: str, remaining: float) -> dict:
   return record
 
 
-def cases_of(record: dict, out: str) -> list[dict]:
+def cases_of(record: dict, out: str) -> tuple[list[dict], dict]:
   """The step's cases for summary.json: a benchmark's JSON cases (rows for MoL, the whole JSON
-  for fidelity and device), or the pytest counts and failing tests."""
+  for fidelity and device), or the pytest counts and failing tests; and the step's extra
+  summary fields (MoL: "avg_selection", its JSON's `avg_selection_rows`)."""
   if record["name"].startswith("tests"):
-    return [{"pytest": record.get("pytest", {}), "failed_tests": record.get("failed_tests", [])}]
+    return [{"pytest": record.get("pytest", {}),
+             "failed_tests": record.get("failed_tests", [])}], {}
   if not record.get("json"):
-    return []
+    return [], ({"avg_selection": []} if record["name"] == "mol" else {})
   with open(os.path.join(out, record["json"]), encoding="utf-8") as f:
     data = json.load(f)
   if "cases" in data:
-    return data["cases"]
+    return data["cases"], {}
   if "rows" in data:
-    return data["rows"]
-  return [data]
-
-
-def avg_selection_of(record: dict, out: str) -> list[dict]:
-  """The MoL step's TopKAvg top-N selection rows (`avg_selection_rows` of its JSON), or []."""
-  path = os.path.join(out, record.get("json") or "")
-  if record["name"] != "mol" or not record.get("json") or not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as f:
-    return json.load(f).get("avg_selection_rows", [])
+    extra = ({"avg_selection": data.get("avg_selection_rows", [])}
+             if record["name"] == "mol" else {})
+    return data["rows"], extra
+  return [data], {}
 
 
 def headline(name: str, cases: list[dict]) -> list[str]:
@@ -306,15 +301,14 @@ def main(argv=None) -> int:
   summary_steps = {}
   lines = []
   for rec in records:
-    cases = cases_of(rec, out) if rec["status"] != "skipped (budget spent)" else []
+    cases, extra = (cases_of(rec, out) if rec["status"] != "skipped (budget spent)"
+                    else ([], {}))
     summary_steps[rec["name"]] = {"passed": rec["status"] == "ok", "status": rec["status"],
-                                  "seconds": rec.get("seconds"), "cases": cases}
+                                  "seconds": rec.get("seconds"), "cases": cases, **extra}
     lines += [f"## {rec['name']}: {rec['status']} ({rec.get('seconds', '-')} s)"]
     lines += [f"  {x}" for x in headline(rec["name"], cases)]
-    if rec["name"] == "mol" and rec["status"] != "skipped (budget spent)":
-      avg_rows = avg_selection_of(rec, out)
-      summary_steps["mol"]["avg_selection"] = avg_rows
-      lines += [f"  {x}" for x in headline("mol_avg_selection", avg_rows)]
+    if "avg_selection" in extra:
+      lines += [f"  {x}" for x in headline("mol_avg_selection", extra["avg_selection"])]
   device_cases = summary_steps.get("device", {}).get("cases") or [{}]
   dev = device_cases[0]
   device = (f"{dev.get('platform', platform)} {dev.get('device_kind', '')} x "

@@ -267,10 +267,8 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
     fns[f"BruteForce@{c}"] = lambda c=c: mol_topk.brute_force(rep_src, k, chunk=c)
   for label, r in chosen.items():
     fns[label] = lambda cfg=r["cfg"]: call(rep_src, cfg)
-  torch_hr = None
   for c, fn in torch_fns.items():
     fns[f"torch@{c}"] = fn
-    torch_hr = hit_rates(fn().cpu().numpy(), report_truth).get("100")
   probes, probe_flops = timing.peak_probes()  # the peaks again, in the same rounds
   fastest = {}
   ms = timing.timed_interleaved(fns | probes, args.repeats, warmup=1, fastest=fastest)
@@ -280,8 +278,10 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
     same = np.array_equal(np.asarray(fns[f"BruteForce@{c}"]().ids), report_truth)
     brute_chunks_ms[str(c)] = ms[f"BruteForce@{c}"] if same else f"different ids at chunk {c}"
   torch_chunk = min(torch_fns, key=lambda c: ms[f"torch@{c}"]) if torch_fns else None
-  if torch_chunk is not None:
+  torch_hr = None
+  if torch_chunk is not None:  # the peer: torch at its fastest step
     ms["torch"] = ms[f"torch@{torch_chunk}"]
+    torch_hr = hit_rates(torch_fns[torch_chunk]().cpu().numpy(), report_truth).get("100")
 
   def bound(cfg, row_ms):
     flops, nbytes, dtype = work(cfg, items, args.batch, p, args.d_p, 128)
