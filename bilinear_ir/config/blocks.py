@@ -190,7 +190,7 @@ def train_config() -> ml_collections.ConfigDict:
     loss: "softmax" (cross entropy of the positive against in-batch + sampled negatives) or
       "margin" (hinge `max(0, margin - (s_pos - s_neg))` over each query's sampled negatives, the
       paper's public implementation; its margin is in score units, so it depends on the scale),
-      or a distillation loss against a teacher's scores (`fit(teacher_scores=...)`, LITE paper
+      or a distillation loss against a teacher's scores (`fit(teacher=...)`, LITE paper
       A.2): "kl" (KL(softmax(teacher / teacher_temperature) || softmax(scores / temperature))
       over each query's candidates) or "margin_mse" (sum over negatives of
       ((t_pos - t_neg) / teacher_temperature - (s_pos - s_neg))^2).

@@ -276,7 +276,7 @@ def latency_inputs(setting: Setting, docs: int) -> tuple:
 
 
 def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple, dtype,
-              teacher: np.ndarray | None = None) -> tuple[Scored, dict[str, Any]]:
+              teacher: teachers_lib.Teacher | None = None) -> tuple[Scored, dict[str, Any]]:
   """Initialises (by `seed`), trains if it has params (`training.train_token_model` with the
   `train` block `tcfg`) and scores one token row; its latency call scores `lat`
   (`latency_inputs`) in `dtype`.
@@ -430,7 +430,7 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar
     return scored, {"scorer": scorer, **info}
 
   colbert, colbert_info = one("colbert", row_train(config, "colbert"))  # untrained (validate)
-  refs, teacher_scores, teacher_name = teachers(setting, config)
+  refs, teacher_by_name, teacher_name = teachers(setting, config)
   for name in (r for r in config.rows if r != "hybrid"):
     if name == "dot":
       dot = scorers.build("dot", dim=prepared.embeddings.docs.shape[1])
@@ -444,9 +444,9 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar
       add(name, info.pop("scorer"), scored, loss=config.train.loss if info["trained"] else None,
           teacher=None, **info)
   if teacher_name is not None:  # the teacher and its temperature are the same for every row
-    t = teacher_scores[teacher_name]
+    t = teacher_by_name[teacher_name]
     teacher_temperature = float(config.distill.teacher_temperature) * teachers_lib.teacher_scale(
-        t, prepared.bm25_idx, config.rerank.bm25_depth)
+        t, prepared.bm25_idx, config.rerank.bm25_depth, prepared.collection.num_docs)
   for name in config.distill.scorers:
     for loss in config.distill.losses:
       tcfg = row_train(config, name)
@@ -472,13 +472,14 @@ def compare_rows(rows: list[dict[str, Any]], config) -> None:
 
 
 def teachers(setting: Setting, config: ml_collections.ConfigDict
-             ) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray], str | None]:
+             ) -> tuple[dict[str, dict[str, Any]], dict[str, teachers_lib.Teacher], str | None]:
   """The references and distillation teachers: BM25's own order of the candidates, and, when
   `config.distill` distils, the table scorer `config.teacher` (model, train) trained on the
   pooled embeddings (`training.scorer_teacher`).
 
   Returns:
-    ({name: {"metrics", "dev"[, "model"]}} of each reference, {name: [Q_all, N] teacher scores},
+    ({name: {"metrics", "dev"[, "model"]}} of each reference, {name: its teacher
+     (`train.teachers`), scoring rows of `prepared.embeddings`},
      the teacher used: `distill.teacher`, or for "best" the one best on dev; None without
      distillation).
   """
@@ -495,10 +496,10 @@ def teachers(setting: Setting, config: ml_collections.ConfigDict
   distill = config.distill
   if distill.scorers and distill.losses:
     if distill.teacher in ("bilinear", "best"):
-      scores, module, params = training.scorer_teacher(
+      teacher, module, params = training.scorer_teacher(
           spec_lib.Row(config.teacher.model, config.teacher.train, config.eval, config.encoder,
                        config.seed), prepared, setting.splitset)
-      out["bilinear"] = scores
+      out["bilinear"] = teacher
       scored = setting.score(module, params, setting.pooled_queries, prepared.embeddings.docs)
       refs["bilinear"] = {"metrics": scored.test["mean"], "dev": scored.dev,
                           "model": config.teacher.model.scorer}

@@ -290,7 +290,7 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
 
 
 def train_token_model(setting, module, params, tcfg, seed: int,
-                      teacher: np.ndarray | None = None) -> trainer.FitResult:
+                      teacher: teachers.Teacher | None = None) -> trainer.FitResult:
   """Fits a token scorer on the train split (hard negatives from `tcfg.negatives_from`),
   selecting on dev re-ranking.
 
@@ -299,8 +299,8 @@ def train_token_model(setting, module, params, tcfg, seed: int,
     module, params: the token scorer and its initial params.
     tcfg: its `train` block.
     seed: the row's seed.
-    teacher: [Q_all, N] teacher scores (rows of `prepared.embeddings.query_ids`) for the
-      distillation losses, else None.
+    teacher: the distillation losses' teacher (`train.teachers`) of rows of
+      `prepared.embeddings.query_ids`, else None.
   """
   prepared = setting.prepared
   ts, train_rows = pipeline.trainset(prepared, setting.splitset.train,
@@ -314,15 +314,16 @@ def train_token_model(setting, module, params, tcfg, seed: int,
                                       measures)[1]["mean"]
   return trainer.fit(module, params, setting.token_queries(train_rows), setting.token_docs, ts,
                      tcfg, seed, evaluate=on_dev, progress=False,
-                     teacher_scores=None if teacher is None else teacher[train_rows])
+                     teacher=None if teacher is None else
+                     lambda q_rows, cand_rows: teacher(train_rows[q_rows], cand_rows))
 
 
 def scorer_teacher(row: spec.Row, prepared: pipeline.Prepared, splitset: pipeline.SplitSet
-                   ) -> tuple[np.ndarray, Any, Any]:
+                   ) -> tuple[teachers.Teacher, Any, Any]:
   """Trains the table scorer of `row` (`train_and_evaluate`) as a distillation teacher.
 
   Returns:
-    ([Q_all, N] float32 teacher scores, module, params).
+    (the teacher: its scores of blocks of rows of `prepared.embeddings`, module, params).
   """
   out = train_and_evaluate(row, prepared, splitset, progress=False)
   module = scorers.from_config(row.model, prepared.dim)

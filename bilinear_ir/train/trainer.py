@@ -25,6 +25,7 @@ from bilinear_ir.data.batches import BatchSampler, TrainSet
 from bilinear_ir.errors import missing_extra
 from bilinear_ir.errors import require
 from bilinear_ir.train import losses
+from bilinear_ir.train import teachers
 from bilinear_ir.train.checkpoints import Checkpoints
 
 LOSSES = ("softmax", "margin", "kl", "margin_mse")
@@ -86,7 +87,8 @@ def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_fe
           cand_rows, mask, teacher=None) -> jnp.ndarray:
   """The training loss of one batch: q_rows [B], cand_rows [C], mask [B, C] -> scalar.
 
-  `teacher` [Q, N] (distillation losses only): teacher scores of every (query row, doc row).
+  `teacher` [B, C] (distillation losses only): the teacher's scores of the batch's (query,
+  candidate) pairs.
   """
   q, docs = _gather(q_feats, q_rows), _gather(d_feats, cand_rows)
   scores = module.apply({"params": p}, *q, *docs, method=module.score_all)  # [B, C]
@@ -94,7 +96,7 @@ def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_fe
   if hp.loss == "softmax":
     loss = losses.softmax_cross_entropy(scores, jnp.arange(B), mask, hp.temperature)
   elif hp.loss in DISTILLATION_LOSSES:
-    t = teacher[q_rows[:, None], cand_rows[None, :]] / hp.teacher_temperature  # [B, C]
+    t = teacher / hp.teacher_temperature  # [B, C]
     if hp.loss == "kl":
       # kl_distillation_loss divides both sides by one temperature: pre-scale the teacher.
       loss = losses.kl_distillation_loss(scores, t * hp.temperature, mask, hp.temperature)
@@ -120,7 +122,8 @@ def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_fe
 
 def _step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher, module, hp,
           aux_loss):
-  """One optimisation step on one batch (q_rows [B], cand_rows [C], mask [B, C])."""
+  """One optimisation step on one batch (q_rows [B], cand_rows [C], mask [B, C], teacher
+  [B, C] or None)."""
   tx = make_optimizer(hp, hp.total_steps)
   loss, grads = jax.value_and_grad(
       lambda p: _loss(module, hp, aux_loss, p, params0, q_feats, d_feats, q_rows, cand_rows,
@@ -148,7 +151,8 @@ def train_steps(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teach
     params0: the initial params (anchor of `l2_to_init`).
     q_feats, d_feats: query [Q, ...] / doc [N, ...] features (arrays or tuples of arrays).
     q_rows [L, B], cand_rows [L, C], mask [L, B, C]: L batches, step order.
-    teacher: [Q, N] teacher scores (the distillation losses), else None.
+    teacher: [L, B, C] the teacher's scores of each batch's (query, candidate) pairs (the
+      distillation losses), else None.
 
   Returns:
     (new state, {"loss", "grad_norm", "param_norm"} each [L], one value per step).
@@ -157,9 +161,8 @@ def train_steps(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teach
   static part of the compiled step).
   """
   run = lambda: jax.lax.scan(
-      lambda st, batch: _step(st, params0, q_feats, d_feats, *batch, teacher, module, hp,
-                              aux_loss),
-      state, (q_rows, cand_rows, mask))
+      lambda st, batch: _step(st, params0, q_feats, d_feats, *batch, module, hp, aux_loss),
+      state, (q_rows, cand_rows, mask, teacher))
   if hp.matmul_precision == "default":
     return run()
   with jax.default_matmul_precision(hp.matmul_precision):
@@ -200,7 +203,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
         checkpoint_dir: str | None = None, log_dir: str | None = None,
         aux_loss: Callable[[Any, tuple, tuple], jnp.ndarray] | None = None,
         progress: bool = True, stop_after: int | None = None,
-        teacher_scores: np.ndarray | None = None) -> FitResult:
+        teacher: teachers.Teacher | None = None) -> FitResult:
   """Trains `module` from `params` and returns the dev-selected params.
 
   Args:
@@ -218,14 +221,11 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     progress: report progress (`bilinear_ir.progress.bar`).
     stop_after: stop (after checkpointing) once this step is reached, as if the run was killed
       there; for tests of resumption.
-    teacher_scores: [Q, N] float32 teacher scores of every (row of `q_feats`, doc row), needed by
-      the distillation losses ("kl", "margin_mse") and only by them. It is held on device (as the
-      features are) and the step reads `teacher[q_rows[:, None], cand_rows[None, :]]`. A dense
-      matrix is fine for SciFact-size collections (809 x 5,183 floats = 17 MB); at MS MARCO
-      scale (500k x 8.8M) it is not: there, store the teacher's scores of the candidates the
-      sampler can draw (e.g. [Q, H] for the hard-negative pool plus the positives, as the T2
-      teacher's released triple scores are) and turn in-batch and random negatives off, or score
-      with the teacher inside the step.
+    teacher: `(q_rows [B], cand_rows [C]) -> [B, C]` float32 scores of a batch's (row of
+      `q_feats`, doc row) pairs (`train.teachers`), needed by the distillation losses ("kl",
+      "margin_mse") and only by them. It is called on the host for each batch as the batch is
+      sampled, and only those [B, C] scores go to the device: memory does not grow with the
+      number of queries or docs.
   """
   require(cfg.loss in LOSSES, f"must be one of {LOSSES}, got {cfg.loss!r}", field="train.loss")
   require(cfg.temperature > 0, f"must be > 0, got {cfg.temperature}", field="train.temperature")
@@ -235,17 +235,15 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   require(precision in MATMUL_PRECISIONS, f"must be one of {MATMUL_PRECISIONS}, got "
           f"{precision!r}", field="train.matmul_precision")
   distill = cfg.loss in DISTILLATION_LOSSES
-  require(distill == (teacher_scores is not None),
+  require(distill == (teacher is not None),
           f"train.loss {cfg.loss!r} {'needs' if distill else 'takes no'} teacher scores",
           field="train.loss")
   if distill:
     require(cfg.get("teacher_temperature", 1.0) > 0,
             f"must be > 0, got {cfg.get('teacher_temperature')}",
             field="train.teacher_temperature")
-    shape = (_as_tuple(q_feats)[0].shape[0], _as_tuple(d_feats)[0].shape[0])
-    require(np.shape(teacher_scores) == shape,
-            f"teacher scores have shape {np.shape(teacher_scores)}, expected [Q, N] = {shape}",
-            field="teacher_scores")
+    require(callable(teacher), f"must be a callable (q_rows, cand_rows) -> [B, C], got "
+            f"{type(teacher).__name__}", field="teacher")
   mesh = data_mesh()
   ndev = mesh.devices.size
   batch_size = max(ndev, (min(cfg.batch_size, len(trainset.pairs)) // ndev) * ndev)
@@ -264,7 +262,6 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   q_feats = jax.device_put(q_feats, repl)
   d_feats = jax.device_put(d_feats, repl)
   params0 = jax.device_put(params, repl)
-  teacher = jax.device_put(np.asarray(teacher_scores, np.float32), repl) if distill else None
   hp = StepConfig(loss=cfg.loss, temperature=temperature, margin=float(cfg.margin),
                   batch_size=sampler.batch_size, negatives=sampler.negatives_per_query,
                   l2_to_init=float(cfg.l2_to_init), lr=float(cfg.lr),
@@ -318,8 +315,10 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     batches = [sampler.batch(s) for s in range(step, end)]
     args = [jax.device_put(np.stack([getattr(b, f) for b in batches]), s)
             for f, s in zip(("q_rows", "cand_rows", "mask"), batch_sh)]
+    args.append(jax.device_put(_teacher_scores(teacher, batches), batch_sh[2]) if distill
+                else None)
     # Dispatched asynchronously: the next call's batches are sampled while this one runs.
-    state, stats = steps_fn(state, params0, q_feats, d_feats, *args, teacher)
+    state, stats = steps_fn(state, params0, q_feats, d_feats, *args)
     if bar is not None:
       bar.update(end - step)
     if writer:
@@ -346,6 +345,18 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   return FitResult(params=selected, last_params=state["params"], history=record["history"],
                    best_step=int(record["best_step"]) if evaluate is not None else total,
                    temperature=temperature)
+
+
+def _teacher_scores(teacher: teachers.Teacher, batches: list) -> np.ndarray:
+  """[L, B, C] float32: the teacher's scores of each batch's (query, candidate) pairs."""
+  out = []
+  for b in batches:
+    t = np.asarray(teacher(b.q_rows, b.cand_rows), np.float32)
+    require(t.shape == b.mask.shape, f"the teacher returned shape {t.shape} for a batch of "
+            f"{len(b.q_rows)} queries x {len(b.cand_rows)} candidates, expected {b.mask.shape}",
+            field="teacher")
+    out.append(t)
+  return np.stack(out)
 
 
 def _call_end(step: int, total: int, per_call: int, eval_every: int,

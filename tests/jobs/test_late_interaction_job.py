@@ -109,10 +109,10 @@ def test_trainer_distillation_loss_equals_numpy(loss):
                           teacher_temperature=2.5)
   state = {"params": params, "opt_state": trainer.make_optimizer(hp, 10).init(params),
            "step": jnp.zeros((), jnp.int32)}
+  t = teacher[q_rows][:, cand]  # the batch's teacher scores [B, C]
   _, stats = trainer.train_steps(jax.tree.map(jnp.copy, state), params, q, d, q_rows[None],
-                                 cand[None], mask[None], teacher, module=module, hp=hp)
+                                 cand[None], mask[None], t[None], module=module, hp=hp)
   s = (q[q_rows] * np.asarray(params["v"])) @ d[cand].T  # WDP scores [B, C]
-  t = teacher[q_rows][:, cand]
   want = (_np_kl(s, t, mask, 0.7, 2.5) if loss == "kl" else _np_margin_mse(s, t, mask, 2.5))
   assert float(stats["loss"][0]) == pytest.approx(want, rel=1e-4)
 
@@ -134,24 +134,35 @@ def test_distillation_pulls_the_student_toward_the_teacher():
   cfg = blocks.train_config()
   cfg.loss, cfg.steps, cfg.batch_size, cfg.lr = "margin_mse", 300, 32, 3e-2
   cfg.hard_negatives, cfg.random_negatives, cfg.teacher_temperature = 0, 4, float(teacher.std())
+  calls = []
+
+  def block(q_rows, cand_rows):  # the teacher sees only each batch's pairs
+    calls.append((len(q_rows), len(cand_rows)))
+    return teacher[np.asarray(q_rows)][:, np.asarray(cand_rows)]
+
   res = trainer.fit(module, params, qs[:250], docs, ts, cfg, seed=0, progress=False,
-                    teacher_scores=teacher[:250])
+                    teacher=block)
+  assert len(calls) == 300 and set(calls) == {(32, 32 * 5)}
   assert acc(params) <= 0.2 and acc(res.params) >= 0.8, (acc(params), acc(res.params))
 
 
 def test_fit_refuses_missing_or_misshaped_teachers():
-  q = np.zeros((4, 3), np.float32)
-  d = np.zeros((6, 3), np.float32)
-  ts = TrainSet(np.array([[0, 1], [1, 2], [2, 3], [3, 4]]), 4, 6)
+  q = np.zeros((8, 3), np.float32)
+  d = np.zeros((10, 3), np.float32)
+  ts = TrainSet(np.stack([np.arange(8), np.arange(8) + 1], 1), 8, 10)
   module = scorers.build("wdp", dim=3)
   params = scorers.init_params(module, jax.random.key(0))
   cfg = blocks.train_config()
   cfg.steps, cfg.hard_negatives = 1, 0
-  for loss, teacher in (("kl", None), ("margin_mse", np.zeros((4, 5))),
-                        ("softmax", np.zeros((4, 6)))):
+  wrong_shape = lambda q_rows, cand_rows: np.zeros((len(q_rows), len(cand_rows) + 1))
+  right_shape = lambda q_rows, cand_rows: np.zeros((len(q_rows), len(cand_rows)))
+  for loss, teacher, field in (("kl", None, "train.loss"),
+                               ("margin_mse", np.zeros((8, 10)), "teacher"),
+                               ("margin_mse", wrong_shape, "teacher"),
+                               ("softmax", right_shape, "train.loss")):
     cfg.loss = loss
-    with pytest.raises(InputError):
-      trainer.fit(module, params, q, d, ts, cfg, 0, progress=False, teacher_scores=teacher)
+    with pytest.raises(InputError, match=field):
+      trainer.fit(module, params, q, d, ts, cfg, 0, progress=False, teacher=teacher)
 
 
 # ---------------------------------------------------------------------------------------------
