@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
+import re
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bilinear_ir import files
 from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import batches
@@ -287,6 +290,26 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
           "run": run, "temperature": temperature, "module": module,
           "train_source": tcfg.get("source", "qrels"),
           "ict_pairs": data.ict_pairs if data is not None else 0, "ict_guard": guard}
+
+
+def run_dir(workdir: str | None, row: spec.Row, splitset: pipeline.SplitSet, name: str
+            ) -> str | None:
+  """The folder of one training run of a job that trains many (`train_and_evaluate`'s
+  `workdir`, where its checkpoints go, so a killed job's rerun resumes each run where it stopped
+  and skips the finished ones): `workdir/runs/<name>-<key>`, key = 12 hex digits of a SHA-256 of
+  the row's blocks (model, train, eval, encoder, seed) and the train and dev query ids in order,
+  so a changed config or subset never resumes another run's checkpoint (`name`: any text, e.g.
+  "mean-n100-seed0-wdp"; characters other than letters, digits, ".", "_" and "-" become "_").
+  None without a workdir.
+  """
+  if not workdir:
+    return None
+  blocks_json = json.dumps({"model": row.model.to_dict(), "train": row.train.to_dict(),
+                            "eval": row.eval.to_dict(), "encoder": row.encoder.to_dict(),
+                            "seed": int(row.seed)}, sort_keys=True, default=str)
+  key = files.sha256_texts([blocks_json, "train", *splitset.train.query_ids, "dev",
+                            *splitset.dev.query_ids])[:12]
+  return os.path.join(workdir, "runs", re.sub(r"[^A-Za-z0-9._-]+", "_", name) + f"-{key}")
 
 
 def train_token_model(setting, module, params, tcfg, seed: int,

@@ -59,8 +59,9 @@ def validate(config) -> None:
       {"scorer": "mol"}, 0, config.mol_train).train, "mol_train")
 
 
-def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
-  """The `learning_curve` job (configs/learning_curve.py)."""
+def run(config, workdir: str) -> report.Report:
+  """The `learning_curve` job (configs/learning_curve.py). Each training run checkpoints in its
+  own folder under `workdir/runs` (`training.run_dir`): a killed job's rerun resumes there."""
   measures = list(config.eval.measures)
   m0, sel = measures[0], config.train.select_metric
   specs = spec_lib.model_specs(config.models, config.ranks, config.mol)
@@ -92,9 +93,11 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
         candidates = [("dot", dot)]
         for s in specs:
           started = time.perf_counter()
+          row = recipe.row(s, seed, schedule(config, recipe.train, pairs, s["scorer"] == "mol"))
           out = training.train_and_evaluate(
-              recipe.row(s, seed, schedule(config, recipe.train, pairs, s["scorer"] == "mol")),
-              prepared, cut, progress=False)
+              row, prepared, cut, workdir=training.run_dir(
+                  workdir, row, cut, f"{recipe.name}-n{n}-seed{seed}-{s['name']}"),
+              progress=False)
           out["seconds"] = time.perf_counter() - started
           outs[s["name"]].append(out)
           candidates.append((s["name"], out))

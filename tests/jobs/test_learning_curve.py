@@ -1,6 +1,7 @@
 """The learning curve: nested subsets, the unseen-answer view, and the job on a tiny collection."""
 import importlib.util
 import os
+import types
 
 import numpy as np
 import pytest
@@ -8,7 +9,10 @@ import pytest
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import curve
+from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import training
 from bilinear_ir.jobs import learning_curve
+from bilinear_ir.train import trainer
 from conftest import REPO
 from conftest import write_beir
 
@@ -76,7 +80,8 @@ def curve_run(tmp_path_factory):
                       splits=("train", "dev", "test"))
   config = _config(folder, root / "cache")
   learning_curve.validate(config)
-  return config, learning_curve.run(config, str(root / "w")).results
+  results = learning_curve.run(config, str(root / "w")).results
+  return config, {**results, "_workdir": str(root / "w")}
 
 
 def test_rows_cover_every_model_and_size(curve_run):
@@ -154,6 +159,45 @@ def test_crossover_is_the_smallest_significant_n(curve_run):
            and r["unseen"].get("vs_dot")
            and stats.mark(r["unseen"]["vs_dot"], config.stats.alpha) == stats.GAIN]
   assert res["crossover"]["mean"] == (min(gains) if gains else None)
+
+
+def test_a_rerun_resumes_every_finished_run_from_its_checkpoint(curve_run, monkeypatch):
+  config, res = curve_run
+  workdir = res["_workdir"]
+  folders = sorted(os.listdir(os.path.join(workdir, "runs")))
+  # One folder per (n, seed, trained model): 3 sizes x 2 seeds x (wdp, lowrank_r4).
+  assert len(folders) == 12 and len({f.rsplit("-", 1)[0] for f in folders}) == 12
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("a finished run was trained again")
+
+  monkeypatch.setattr(trainer, "train_steps", no_training)
+  again = learning_curve.run(config, workdir).results
+  assert sorted(os.listdir(os.path.join(workdir, "runs"))) == folders
+  for a, b in zip(res["rows"], again["rows"]):
+    assert (a["model"], a["n_train"]) == (b["model"], b["n_train"])
+    assert a["per_query"] == b["per_query"] and a["dev"] == b["dev"]
+    assert a.get("best_steps") == b.get("best_steps") and a.get("chosen") == b.get("chosen")
+
+
+def test_run_dir_changes_with_the_row_and_the_subset(curve_run):
+  config, _ = curve_run
+  recipe = spec_lib.Recipe.of(config, "mean")
+  row = recipe.row({"scorer": "wdp"}, 0, {"steps": 5})
+  split = lambda ids, dev=("d1",): types.SimpleNamespace(
+      train=types.SimpleNamespace(query_ids=list(ids)),
+      dev=types.SimpleNamespace(query_ids=list(dev)))
+  base = training.run_dir("w", row, split(["a", "b"]), "mean:x/n2")
+  assert base.startswith(os.path.join("w", "runs", "mean_x_n2-"))
+  assert training.run_dir("w", row, split(["a", "b"]), "mean:x/n2") == base
+  others = [training.run_dir("w", recipe.row({"scorer": "wdp"}, 1, {"steps": 5}),
+                             split(["a", "b"]), "mean:x/n2"),
+            training.run_dir("w", recipe.row({"scorer": "wdp"}, 0, {"steps": 6}),
+                             split(["a", "b"]), "mean:x/n2"),
+            training.run_dir("w", row, split(["b", "a"]), "mean:x/n2"),
+            training.run_dir("w", row, split(["a", "b"], ("d2",)), "mean:x/n2")]
+  assert len(set(others + [base])) == 5
+  assert training.run_dir(None, row, split(["a"]), "x") is None
 
 
 def test_bad_arguments_are_refused(tmp_path):
