@@ -111,12 +111,17 @@ def baseline_rows(dot: dict[str, Any], bm25: dict[str, Any], unseen: list[str],
 def seed_runs(recipe: spec_lib.Recipe, spec: dict[str, Any], seeds: Sequence[int],
               prepared: pipeline.Prepared, splitset: pipeline.SplitSet,
               train: dict[str, Any] | None = None,
-              each: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+              each: Callable[[int, dict[str, Any]], None] | None = None,
+              workdir: str | None = None) -> list[dict[str, Any]]:
   """`training.train_and_evaluate` of row `spec` (`Recipe.row`, with the `train` changes) at
-  every seed; `each(seed, out)` after each."""
+  every seed; `each(seed, out)` after each. With a `workdir`, each run checkpoints in its own
+  folder (`training.run_dir`), so a killed job's rerun resumes it."""
   outs = []
   for seed in seeds:
-    out = training.train_and_evaluate(recipe.row(spec, seed, train), prepared, splitset,
+    row = recipe.row(spec, seed, train)
+    name = f"{recipe.name or 'run'}-{spec_lib.row_slug(spec)}-seed{seed}"
+    out = training.train_and_evaluate(row, prepared, splitset,
+                                      workdir=training.run_dir(workdir, row, prepared, splitset, name),
                                       progress=False)
     outs.append(out)
     if each is not None:

@@ -292,13 +292,14 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
           "ict_pairs": data.ict_pairs if data is not None else 0, "ict_guard": guard}
 
 
-def run_dir(workdir: str | None, row: spec.Row, splitset: pipeline.SplitSet, name: str
-            ) -> str | None:
+def run_dir(workdir: str | None, row: spec.Row, prepared: pipeline.Prepared,
+            splitset: pipeline.SplitSet, name: str) -> str | None:
   """The folder of one training run of a job that trains many (`train_and_evaluate`'s
   `workdir`, where its checkpoints go, so a killed job's rerun resumes each run where it stopped
   and skips the finished ones): `workdir/runs/<name>-<key>`, key = 12 hex digits of a SHA-256 of
-  the row's blocks (model, train, eval, encoder, seed) and the train and dev query ids in order,
-  so a changed config or subset never resumes another run's checkpoint (`name`: any text, e.g.
+  the row's blocks (model, train, eval, encoder, seed), the collection's name and size and the
+  train and dev query ids in order, so a changed config, collection or subset never resumes
+  another run's checkpoint (`name`: any text, e.g.
   "mean-n100-seed0-wdp"; characters other than letters, digits, ".", "_" and "-" become "_").
   None without a workdir.
   """
@@ -306,7 +307,9 @@ def run_dir(workdir: str | None, row: spec.Row, splitset: pipeline.SplitSet, nam
     return None
   blocks_json = json.dumps({"model": row.model.to_dict(), "train": row.train.to_dict(),
                             "eval": row.eval.to_dict(), "encoder": row.encoder.to_dict(),
-                            "seed": int(row.seed)}, sort_keys=True, default=str)
+                            "seed": int(row.seed), "collection": prepared.collection.name,
+                            "num_docs": int(prepared.collection.num_docs)},
+                           sort_keys=True, default=str)
   key = files.sha256_texts([blocks_json, "train", *splitset.train.query_ids, "dev",
                             *splitset.dev.query_ids])[:12]
   return os.path.join(workdir, "runs", re.sub(r"[^A-Za-z0-9._-]+", "_", name) + f"-{key}")

@@ -191,13 +191,16 @@ def summarize(per_seed: list[dict[str, Any]], ranks: Sequence[int],
 
 
 def trained_and_truncated(recipe: spec_lib.Recipe, prepared: pipeline.Prepared,
-                          splitset: pipeline.SplitSet, config, each=None) -> dict[str, Any]:
+                          splitset: pipeline.SplitSet, config, each=None,
+                          workdir: str | None = None) -> dict[str, Any]:
   """One embedding's analysis: the full W (`FULL_W`, the recipe's training, selected on dev)
   trained at every seed of `config.seeds`, each truncated and analysed (`analyze`) at the ranks of
   `config.ranks` and those the mean spectrum selects, summarized (`summarize`) with the
   embedding's pooling and normalisation, the seeds, their best steps and the mean
-  ‖W − I‖_F / √n. `each`: called after each seed's training."""
-  outs = rows_lib.seed_runs(recipe, FULL_W, config.seeds, prepared, splitset, each=each)
+  ‖W − I‖_F / √n. `each`: called after each seed's training; `workdir`: where each seed's run
+  checkpoints (`rows.seed_runs`)."""
+  outs = rows_lib.seed_runs(recipe, FULL_W, config.seeds, prepared, splitset, each=each,
+                            workdir=workdir)
   trained = [(seed, np.asarray(o["params"]["W"], np.float32), o["best_step"])
              for seed, o in zip(config.seeds, outs)]
   spectra = [np.asarray(lowrank.spectrum(jnp.asarray(W)), np.float64) for _, W, _ in trained]

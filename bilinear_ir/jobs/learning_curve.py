@@ -96,7 +96,7 @@ def run(config, workdir: str) -> report.Report:
           row = recipe.row(s, seed, schedule(config, recipe.train, pairs, s["scorer"] == "mol"))
           out = training.train_and_evaluate(
               row, prepared, cut, workdir=training.run_dir(
-                  workdir, row, cut, f"{recipe.name}-n{n}-seed{seed}-{s['name']}"),
+                  workdir, row, prepared, cut, f"{recipe.name}-n{n}-seed{seed}-{s['name']}"),
               progress=False)
           out["seconds"] = time.perf_counter() - started
           outs[s["name"]].append(out)

@@ -70,7 +70,7 @@ def validate(config) -> None:
   validation.check_model(spec_lib.model_block(config.model, truncation.FULL_W))
 
 
-def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
+def run(config, workdir: str) -> report.Report:
   """The `lowrank_analysis` job (configs/lowrank_analysis.py)."""
   out, info = {}, {}
   bar = progress.bar(len(config.embeddings) * len(config.seeds), "full W", unit="model")
@@ -79,7 +79,8 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     require(len(splitset.dev.query_ids) > 0, "rank selection needs a dev split; set "
             "data.dev_fraction > 0", field="data.dev_fraction")
     out[emb_name] = res = truncation.trained_and_truncated(recipe, prepared, splitset, config,
-                                                           each=lambda *_: bar.update(1))
+                                                           each=lambda *_: bar.update(1),
+                                                           workdir=workdir)
     m0 = config.eval.measures[0]
     bar.write(f"{emb_name:>4}: full W test {m0} {res['full']['test'][m0]:.4f}; "
               + ", ".join(f"r={row['rank']}: {row[m0]:.4f}" for row in res["by_rank"]))

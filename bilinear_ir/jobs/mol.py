@@ -85,7 +85,7 @@ def validate(config) -> None:
       mol_grid(config)[0], 0, config.mol_train).train, "mol_train")
 
 
-def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
+def run(config, workdir: str) -> report.Report:
   """The `mol` job (configs/mol.py)."""
   specs = _specs(config)
   measures = list(config.eval.measures)
@@ -116,7 +116,8 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
         bar.update(1)
 
       outs = rows_lib.seed_runs(recipe, s, config.seeds, prepared, splitset, each=each,
-                                train=config.mol_train if s["scorer"] == "mol" else None)
+                                train=config.mol_train if s["scorer"] == "mol" else None,
+                                workdir=workdir)
       row = {**base, **s, **rows_lib.summary(outs, measures, sel, unseen)}
       if s["scorer"] == "mol":
         h_p, h_cond = np.mean(entropies, axis=0)

@@ -51,7 +51,7 @@ def validate(config) -> None:
       {"scorer": "mol"}, 0, config.mol_train).train, "mol_train")
 
 
-def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
+def run(config, workdir: str) -> report.Report:
   """The `reproduce_table` job (configs/reproduce_table.py)."""
   grid = spec_lib.table_grid(config)
   measures = list(config.eval.measures)
@@ -79,7 +79,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
     for s in grid:
       outs = rows_lib.seed_runs(recipe, s, config.seeds, prepared, splitset,
                                 train=config.mol_train if s["scorer"] == "mol" else None,
-                                each=lambda *_: bar.update(1))
+                                each=lambda *_: bar.update(1), workdir=workdir)
       row = {**base, **s, **rows_lib.summary(outs, measures, sel, unseen)}
       row["metrics"].update(pool([(1.0, o["module"], o["params"]) for o in outs]))
       rows.append(row)

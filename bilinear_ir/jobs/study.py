@@ -69,8 +69,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
             "encoder.kind 'flax'", field="ict_rows")
 
 
-def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str], str]:
-  """Every row of one collection: (rows, unseen-doc query ids, collection name)."""
+def run_collection(config, entry: str, workdir: str | None = None
+                   ) -> tuple[list[dict[str, Any]], list[str], str]:
+  """Every row of one collection: (rows, unseen-doc query ids, collection name); with a
+  `workdir`, each training run checkpoints in its own folder (`rows.seed_runs`)."""
   measures = list(config.eval.measures)
   m0, sel = measures[0], config.train.select_metric
   specs = spec_lib.model_specs(config.models, config.ranks)
@@ -95,7 +97,7 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
                  else pipeline.test_only(coll, recipe.data)[0])
     for sp in ict_specs:
       outs = rows_lib.seed_runs(recipe, {**sp, "source": "ict"}, config.seeds, prepared,
-                                ict_split, each=lambda *_: bar.update(1))
+                                ict_split, each=lambda *_: bar.update(1), workdir=workdir)
       per_query[f"{sp['name']}_ict"] = [o["per_query"] for o in outs]
       ict_lam[f"{sp['name']}_ict"] = [(o.get("ict_guard") or {}).get("lam") for o in outs]
     for seed in config.seeds:
@@ -104,7 +106,7 @@ def run_collection(config, entry: str) -> tuple[list[dict[str, Any]], list[str],
       for s in splitsets:
         fold = []
         for sp in specs:
-          out = rows_lib.seed_runs(recipe, sp, [seed], prepared, s)[0]
+          out = rows_lib.seed_runs(recipe, sp, [seed], prepared, s, workdir=workdir)[0]
           seed_q[sp["name"]].update(out["per_query"])
           fold.append((sp, out))
           bar.update(1)
@@ -146,11 +148,11 @@ def _compare_cells(rows: list[dict[str, Any]], unseen: dict[str, list[str]], con
     r["unseen_doc"] = h
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # pylint: disable=unused-argument
+def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:
   """The `study` job (configs/study.py)."""
   rows, unseen, names = [], {}, []
   for entry in config.collections:
-    coll_rows, coll_unseen, name = run_collection(config, entry)
+    coll_rows, coll_unseen, name = run_collection(config, entry, workdir)
     require(name not in names, f"two collections are named {name!r}", field="collections")
     names.append(name)
     rows += coll_rows

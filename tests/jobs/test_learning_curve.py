@@ -187,17 +187,22 @@ def test_run_dir_changes_with_the_row_and_the_subset(curve_run):
   split = lambda ids, dev=("d1",): types.SimpleNamespace(
       train=types.SimpleNamespace(query_ids=list(ids)),
       dev=types.SimpleNamespace(query_ids=list(dev)))
-  base = training.run_dir("w", row, split(["a", "b"]), "mean:x/n2")
+  coll = types.SimpleNamespace(collection=types.SimpleNamespace(name="c", num_docs=9))
+  base = training.run_dir("w", row, coll, split(["a", "b"]), "mean:x/n2")
   assert base.startswith(os.path.join("w", "runs", "mean_x_n2-"))
-  assert training.run_dir("w", row, split(["a", "b"]), "mean:x/n2") == base
-  others = [training.run_dir("w", recipe.row({"scorer": "wdp"}, 1, {"steps": 5}),
+  assert training.run_dir("w", row, coll, split(["a", "b"]), "mean:x/n2") == base
+  others = [training.run_dir("w", recipe.row({"scorer": "wdp"}, 1, {"steps": 5}), coll,
                              split(["a", "b"]), "mean:x/n2"),
-            training.run_dir("w", recipe.row({"scorer": "wdp"}, 0, {"steps": 6}),
+            training.run_dir("w", recipe.row({"scorer": "wdp"}, 0, {"steps": 6}), coll,
                              split(["a", "b"]), "mean:x/n2"),
-            training.run_dir("w", row, split(["b", "a"]), "mean:x/n2"),
-            training.run_dir("w", row, split(["a", "b"], ("d2",)), "mean:x/n2")]
+            training.run_dir("w", row, coll, split(["b", "a"]), "mean:x/n2"),
+            training.run_dir("w", row, coll, split(["a", "b"], ("d2",)), "mean:x/n2")]
   assert len(set(others + [base])) == 5
-  assert training.run_dir(None, row, split(["a"]), "x") is None
+  assert len(set(others + [base] + [training.run_dir("w", row, other, split(["a", "b"]),
+                                                     "mean:x/n2") for other in (
+      types.SimpleNamespace(collection=types.SimpleNamespace(name="d", num_docs=9)),
+      types.SimpleNamespace(collection=types.SimpleNamespace(name="c", num_docs=8)))])) == 7
+  assert training.run_dir(None, row, coll, split(["a"]), "x") is None
 
 
 def test_bad_arguments_are_refused(tmp_path):
