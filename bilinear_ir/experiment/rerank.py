@@ -276,10 +276,11 @@ def latency_inputs(setting: Setting, docs: int) -> tuple:
 
 
 def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple, dtype,
-              teacher: teachers_lib.Teacher | None = None) -> tuple[Scored, dict[str, Any]]:
+              teacher: teachers_lib.Teacher | None = None,
+              checkpoint_dir: str | None = None) -> tuple[Scored, dict[str, Any]]:
   """Initialises (by `seed`), trains if it has params (`training.train_token_model` with the
-  `train` block `tcfg`) and scores one token row; its latency call scores `lat`
-  (`latency_inputs`) in `dtype`.
+  `train` block `tcfg`, checkpointing in `checkpoint_dir`) and scores one token row; its
+  latency call scores `lat` (`latency_inputs`) in `dtype`.
 
   Returns:
     (Scored, {"trained", "best_step", "history"[, "temperature", "params", "train_seconds"]}).
@@ -288,7 +289,8 @@ def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple
   info = {"trained": bool(jax.tree.leaves(params)), "best_step": None, "history": []}
   if info["trained"]:
     started = time.perf_counter()
-    fit = training.train_token_model(setting, module, params, tcfg, seed, teacher)
+    fit = training.train_token_model(setting, module, params, tcfg, seed, teacher,
+                                     checkpoint_dir)
     params = fit.params
     info.update(best_step=fit.best_step, history=fit.history, temperature=fit.temperature,
                 params=int(sum(np.size(x) for x in jax.tree.leaves(params))),
@@ -382,7 +384,8 @@ def select_over_colbert(trained: Scored, colbert: Scored, sel: str) -> tuple[Sco
   return chosen, chosen is colbert
 
 
-def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar
+def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar,
+               workdir: str | None = None
                ) -> tuple[list[dict[str, Any]], dict[str, Callable[[], Any]], dict[str, Any]]:
   """The rows of a late-interaction table (`config.rows`, then the distillation rows of
   `config.distill`, then the hybrid) on the training split of `setting`.
@@ -395,6 +398,8 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar
   Args:
     lat: `latency_inputs`; dtype: the storage dtype; n_train: training queries (in the rows);
     bar: a progress bar (`progress.bar`), one update per row.
+    workdir: each trained row (and the bilinear teacher) checkpoints in its own folder under
+      it (`training.run_dir`), so a killed job's rerun resumes; None: no checkpoints.
 
   Returns:
     (rows, {row label: its timed call}, {"teachers": references, "teacher": the teacher used}
@@ -420,9 +425,16 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar
               f"{scored.dev.get(sel, float('nan')):.4f})")
     bar.update(1)
 
-  def one(name: str, tcfg, teacher=None) -> tuple[Scored, dict[str, Any]]:
+  def one(name: str, tcfg, teacher=None, label=None) -> tuple[Scored, dict[str, Any]]:
     module, scorer = row_model(config, name, dim)
-    scored, info = token_row(setting, module, scorer, tcfg, config.seed, lat, dtype, teacher)
+    identity = {"model": config.models[name].to_dict(), "train": tcfg.to_dict(),
+                "encoder": config.encoder.to_dict(), "rerank": config.rerank.to_dict(),
+                "seed": int(config.seed),
+                "teacher": None if teacher is None else [teacher_name, config.teacher.to_dict()]}
+    folder = training.run_dir(workdir, identity, prepared, setting.splitset,
+                              f"{label or name}-n{n_train}")
+    scored, info = token_row(setting, module, scorer, tcfg, config.seed, lat, dtype, teacher,
+                             folder)
     if info["trained"]:
       chosen, kept = select_over_colbert(scored, colbert, sel)
       info.update(kept_colbert=kept, model_metrics=scored.test["mean"], model_dev=scored.dev)
@@ -430,7 +442,7 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar
     return scored, {"scorer": scorer, **info}
 
   colbert, colbert_info = one("colbert", row_train(config, "colbert"))  # untrained (validate)
-  refs, teacher_by_name, teacher_name = teachers(setting, config)
+  refs, teacher_by_name, teacher_name = teachers(setting, config, workdir)
   for name in (r for r in config.rows if r != "hybrid"):
     if name == "dot":
       dot = scorers.build("dot", dim=prepared.embeddings.docs.shape[1])
@@ -452,7 +464,7 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar
       tcfg = row_train(config, name)
       tcfg.loss = loss
       tcfg.teacher_temperature = teacher_temperature
-      scored, info = one(name, tcfg, teacher=t)
+      scored, info = one(name, tcfg, teacher=t, label=f"{name}-{loss}-{teacher_name}")
       add(f"{name} ({loss}, {teacher_name})", info.pop("scorer"), scored, loss=loss,
           teacher=teacher_name, **info)
   calls = {label: scored.latency_fn for label, scored in dense.items()}
@@ -471,11 +483,12 @@ def compare_rows(rows: list[dict[str, Any]], config) -> None:
                             name="row", baselines=("colbert", "dot"))
 
 
-def teachers(setting: Setting, config: ml_collections.ConfigDict
+def teachers(setting: Setting, config: ml_collections.ConfigDict, workdir: str | None = None
              ) -> tuple[dict[str, dict[str, Any]], dict[str, teachers_lib.Teacher], str | None]:
   """The references and distillation teachers: BM25's own order of the candidates, and, when
   `config.distill` distils, the table scorer `config.teacher` (model, train) trained on the
-  pooled embeddings (`training.scorer_teacher`).
+  pooled embeddings (`training.scorer_teacher`; it checkpoints in its own folder under
+  `workdir`, `training.run_dir`).
 
   Returns:
     ({name: {"metrics", "dev"[, "model"]}} of each reference, {name: its teacher
@@ -496,9 +509,11 @@ def teachers(setting: Setting, config: ml_collections.ConfigDict
   distill = config.distill
   if distill.scorers and distill.losses:
     if distill.teacher in ("bilinear", "best"):
+      row = spec_lib.Row(config.teacher.model, config.teacher.train, config.eval,
+                         config.encoder, config.seed)
       teacher, module, params = training.scorer_teacher(
-          spec_lib.Row(config.teacher.model, config.teacher.train, config.eval, config.encoder,
-                       config.seed), prepared, setting.splitset)
+          row, prepared, setting.splitset,
+          training.run_dir(workdir, row, prepared, setting.splitset, "teacher-bilinear"))
       out["bilinear"] = teacher
       scored = setting.score(module, params, setting.pooled_queries, prepared.embeddings.docs)
       refs["bilinear"] = {"metrics": scored.test["mean"], "dev": scored.dev,

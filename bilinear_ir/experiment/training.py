@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -292,22 +292,25 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
           "ict_pairs": data.ict_pairs if data is not None else 0, "ict_guard": guard}
 
 
-def run_dir(workdir: str | None, row: spec.Row, prepared: pipeline.Prepared,
-            splitset: pipeline.SplitSet, name: str) -> str | None:
+def run_dir(workdir: str | None, row: spec.Row | Mapping[str, Any],
+            prepared: pipeline.Prepared, splitset: pipeline.SplitSet, name: str) -> str | None:
   """The folder of one training run of a job that trains many (`train_and_evaluate`'s
-  `workdir`, where its checkpoints go, so a killed job's rerun resumes each run where it stopped
-  and skips the finished ones): `workdir/runs/<name>-<key>`, key = 12 hex digits of a SHA-256 of
-  the row's blocks (model, train, eval, encoder, seed), the collection's name and size and the
-  train and dev query ids in order, so a changed config, collection or subset never resumes
-  another run's checkpoint (`name`: any text, e.g.
-  "mean-n100-seed0-wdp"; characters other than letters, digits, ".", "_" and "-" become "_").
+  `workdir`, or `fit`'s checkpoint folder, so a killed job's rerun resumes each run where it
+  stopped and skips the finished ones): `workdir/runs/<name>-<key>`.
+
+  key = 12 hex digits of a SHA-256 of what determines the run: the row's blocks (a `spec.Row`:
+  model, train, eval, encoder, seed; or a JSON-able mapping of them, for runs that are not table
+  rows), the collection's name and size, and the train and dev query ids in order. A changed
+  config, collection or subset never resumes another run's checkpoint. `name`: any text, e.g.
+  "mean-n100-seed0-wdp" (characters other than letters, digits, ".", "_" and "-" become "_").
   None without a workdir.
   """
   if not workdir:
     return None
-  blocks_json = json.dumps({"model": row.model.to_dict(), "train": row.train.to_dict(),
-                            "eval": row.eval.to_dict(), "encoder": row.encoder.to_dict(),
-                            "seed": int(row.seed), "collection": prepared.collection.name,
+  blocks = ({"model": row.model.to_dict(), "train": row.train.to_dict(),
+             "eval": row.eval.to_dict(), "encoder": row.encoder.to_dict(),
+             "seed": int(row.seed)} if isinstance(row, spec.Row) else dict(row))
+  blocks_json = json.dumps({**blocks, "collection": prepared.collection.name,
                             "num_docs": int(prepared.collection.num_docs)},
                            sort_keys=True, default=str)
   key = files.sha256_texts([blocks_json, "train", *splitset.train.query_ids, "dev",
@@ -316,7 +319,8 @@ def run_dir(workdir: str | None, row: spec.Row, prepared: pipeline.Prepared,
 
 
 def train_token_model(setting, module, params, tcfg, seed: int,
-                      teacher: teachers.Teacher | None = None) -> trainer.FitResult:
+                      teacher: teachers.Teacher | None = None,
+                      checkpoint_dir: str | None = None) -> trainer.FitResult:
   """Fits a token scorer on the train split (hard negatives from `tcfg.negatives_from`),
   selecting on dev re-ranking.
 
@@ -327,6 +331,7 @@ def train_token_model(setting, module, params, tcfg, seed: int,
     seed: the row's seed.
     teacher: the distillation losses' teacher (`train.teachers`) of rows of
       `prepared.embeddings.query_ids`, else None.
+    checkpoint_dir: where the run checkpoints and resumes (`run_dir`), or None.
   """
   prepared = setting.prepared
   ts, train_rows = pipeline.trainset(prepared, setting.splitset.train,
@@ -339,19 +344,20 @@ def train_token_model(setting, module, params, tcfg, seed: int,
     on_dev = lambda p: setting.rerank("dev", scorer, p, setting.token_queries, setting.token_docs,
                                       measures)[1]["mean"]
   return trainer.fit(module, params, setting.token_queries(train_rows), setting.token_docs, ts,
-                     tcfg, seed, evaluate=on_dev, progress=False,
+                     tcfg, seed, evaluate=on_dev, progress=False, checkpoint_dir=checkpoint_dir,
                      teacher=None if teacher is None else
                      lambda q_rows, cand_rows: teacher(train_rows[q_rows], cand_rows))
 
 
-def scorer_teacher(row: spec.Row, prepared: pipeline.Prepared, splitset: pipeline.SplitSet
-                   ) -> tuple[teachers.Teacher, Any, Any]:
-  """Trains the table scorer of `row` (`train_and_evaluate`) as a distillation teacher.
+def scorer_teacher(row: spec.Row, prepared: pipeline.Prepared, splitset: pipeline.SplitSet,
+                   workdir: str | None = None) -> tuple[teachers.Teacher, Any, Any]:
+  """Trains the table scorer of `row` (`train_and_evaluate`, checkpointing in `workdir`) as a
+  distillation teacher.
 
   Returns:
     (the teacher: its scores of blocks of rows of `prepared.embeddings`, module, params).
   """
-  out = train_and_evaluate(row, prepared, splitset, progress=False)
+  out = train_and_evaluate(row, prepared, splitset, workdir=workdir, progress=False)
   module = scorers.from_config(row.model, prepared.dim)
   emb = prepared.embeddings
   return (teachers.scorer_teacher(module, out["params"], emb.queries, emb.docs), module,

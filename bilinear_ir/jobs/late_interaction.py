@@ -100,8 +100,9 @@ def validate(config) -> None:
             field="models.colbert")
 
 
-def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
-  """The `late_interaction` job (configs/late_interaction.py)."""
+def run(config, workdir: str) -> report.Report:
+  """The `late_interaction` job (configs/late_interaction.py). Every trained row checkpoints in
+  its own folder under `workdir/runs` (`training.run_dir`): a killed job's rerun resumes."""
   setting = rerank.build_setting(config, spec_lib.collection_block(config.data,
                                                                    config.collection))
   collection = setting.prepared.collection.name
@@ -116,7 +117,7 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   rows, by_n = [], {}
   for n, cut in settings.items():
     started = time.perf_counter()
-    mine, calls, by_n[str(n)] = rerank.table_rows(cut, config, lat, dtype, n, bar)
+    mine, calls, by_n[str(n)] = rerank.table_rows(cut, config, lat, dtype, n, bar, workdir)
     by_n[str(n)]["seconds"] = round(time.perf_counter() - started, 1)
     ms = rerank.time_in_turn(calls, config.latency.rounds, config.latency.repeats)
     for row in mine:

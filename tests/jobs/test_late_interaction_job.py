@@ -266,6 +266,11 @@ def test_job_end_to_end_writes_the_documented_rows(tmp_path, tiny_bert_dir):
   assert hyb["dense"] in by and 0.0 <= hyb["lambda"] <= 1.0
   assert res["candidates"]["positives_injected"] is False
   assert res["sizes"] == [n_train]
+  # Every trained row, and the bilinear teacher, checkpointed in its own folder (a rerun of the
+  # same command resumes them: `training.run_dir`); the untrained ColBERT has none.
+  folders = {f.rsplit("-", 1)[0] for f in os.listdir(w / "runs")}
+  assert folders == {f"{name}-n{n_train}" for name in ("mebert", "lite", "lite_flat", "knrm",
+                                                       f"lite-kl-{t}")} | {"teacher-bilinear"}
   # Every trained token row was selected on dev against the untrained ColBERT: kept (reporting
   # ColBERT's numbers) exactly when its own dev nDCG@10 does not beat ColBERT's.
   col = by["colbert"]
