@@ -164,12 +164,14 @@ def _changed(block: ml_collections.ConfigDict, changes: Mapping[str, Any]
 
 def collection_block(data: ml_collections.ConfigDict, entry: str) -> ml_collections.ConfigDict:
   """A copy of the `data` block reading collection `entry`: an embedded name (scifact, cacm,
-  med, lisa), an installed one (insuranceqa) or a BEIR folder or zip."""
+  med, lisa), an installed one (insuranceqa: from `data.path` when it names a folder of the
+  package's files, e.g. the copy `launch/pack_device_inputs.py` makes, else from the installed
+  package) or a BEIR folder or zip."""
   if entry in loaders.EMBEDDED:
     fmt, path = loaders.embedded(entry)
     return _changed(data, {"format": fmt, "path": "" if entry == "scifact" else path})
   if entry in loaders.INSTALLED:  # read from its installed package
-    return _changed(data, {"format": entry, "path": ""})
+    return _changed(data, {"format": entry, "path": data.get("path", "")})
   return _changed(data, {"format": "beir", "path": entry})
 
 
