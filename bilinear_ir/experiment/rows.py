@@ -119,10 +119,9 @@ def seed_runs(recipe: spec_lib.Recipe, spec: dict[str, Any], seeds: Sequence[int
   outs = []
   for seed in seeds:
     row = recipe.row(spec, seed, train)
-    name = f"{recipe.name or 'run'}-{spec_lib.row_slug(spec)}-seed{seed}"
-    out = training.train_and_evaluate(row, prepared, splitset,
-                                      workdir=training.run_dir(workdir, row, prepared, splitset, name),
-                                      progress=False)
+    folder = training.run_dir(workdir, row, prepared, splitset,
+                              f"{recipe.name or 'run'}-{spec_lib.row_slug(spec)}-seed{seed}")
+    out = training.train_and_evaluate(row, prepared, splitset, workdir=folder, progress=False)
     outs.append(out)
     if each is not None:
       each(seed, out)

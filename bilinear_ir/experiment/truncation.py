@@ -197,8 +197,8 @@ def trained_and_truncated(recipe: spec_lib.Recipe, prepared: pipeline.Prepared,
   trained at every seed of `config.seeds`, each truncated and analysed (`analyze`) at the ranks of
   `config.ranks` and those the mean spectrum selects, summarized (`summarize`) with the
   embedding's pooling and normalisation, the seeds, their best steps and the mean
-  ‖W − I‖_F / √n. `each`: called after each seed's training; `workdir`: where each seed's run
-  checkpoints (`rows.seed_runs`)."""
+  ‖W − I‖_F / √n. `each`: called after each seed's training; `workdir`: where each seed's
+  run checkpoints (`rows.seed_runs`)."""
   outs = rows_lib.seed_runs(recipe, FULL_W, config.seeds, prepared, splitset, each=each,
                             workdir=workdir)
   trained = [(seed, np.asarray(o["params"]["W"], np.float32), o["best_step"])
