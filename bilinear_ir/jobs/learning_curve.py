@@ -217,8 +217,9 @@ def plot(results: dict[str, Any], config):
   """nDCG@10 difference against dot with its 95% CI against n (log axis): one line per model,
   one row of panels per embedding (all test queries; unseen-answer queries).
 
-  The y axis is linear within +-`Y_LINEAR` and logarithmic beyond it, so that one line far from
-  dot (MoL from scratch, -0.4 at n = 100 on InsuranceQA) does not flatten the others.
+  A panel whose differences reach beyond +-`Y_LINEAR` gets a y axis linear within it and
+  logarithmic beyond, so that one line far from dot (MoL from scratch, -0.4 at n = 100 on
+  InsuranceQA) does not flatten the others; other panels stay linear.
   """
   import matplotlib  # pylint: disable=g-import-not-at-top
   import matplotlib.ticker  # pylint: disable=g-import-not-at-top,unused-import
@@ -245,14 +246,17 @@ def plot(results: dict[str, Any], config):
                     lw=2.0 if model == "learned" else 1.0)
       ax.axhline(0.0, color="black", lw=0.8)
       ax.set_xscale("log")
-      ax.set_yscale("symlog", linthresh=Y_LINEAR, linscale=0.4)
       lo, hi = ax.get_ylim()
-      ax.set_yticks([t for t in Y_TICKS if lo <= t <= hi])
-      ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-      ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+      if lo < -Y_LINEAR or hi > Y_LINEAR:
+        ax.set_yscale("symlog", linthresh=Y_LINEAR, linscale=0.4)
+        lo, hi = ax.get_ylim()
+        ax.set_yticks([t for t in Y_TICKS if lo <= t <= hi])
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
       ax.set_title(f"{emb}: {'all' if view == 'all' else 'unseen-answer'} test queries",
                    fontsize=10)
-      ax.set_ylabel(f"{results['measure']} - dot (symlog)")
+      ax.set_ylabel(f"{results['measure']} - dot" + (" (symlog)" if ax.get_yscale() == "symlog"
+                                                     else ""))
       ax.set_xlabel("training queries n")
     axs[0].legend(fontsize=7)
   fig.tight_layout()

@@ -219,3 +219,24 @@ def test_bad_arguments_are_refused(tmp_path):
   config.sizes = (0, 10)
   with pytest.raises(InputError, match="sizes"):
     learning_curve.validate(config)
+
+
+def test_plot_goes_symlog_only_where_a_difference_leaves_the_linear_band():
+  def point(model, n, diff):
+    test = {"diff": diff, "ci95": [diff - 0.005, diff + 0.005]}
+    return {"embedding": emb, "model": model, "n_train": n, "vs_dot": test,
+            "unseen": {"vs_dot": test}}
+  rows = []
+  for emb, far in (("near", -0.01), ("far", -0.4)):  # MoL's -0.4 at n = 100 on InsuranceQA
+    for n in (100, 1000):
+      rows += [point("wdp", n, 0.01), point("mol", n, far if n == 100 else 0.0)]
+  config = types.SimpleNamespace(embeddings=("near", "far"))
+  fig = learning_curve.plot({"rows": rows, "measure": "ndcg@10"}, config)
+  near, far = fig.axes[:2], fig.axes[2:]
+  assert [ax.get_yscale() for ax in near] == ["linear"] * 2
+  assert [ax.get_yscale() for ax in far] == ["symlog"] * 2
+  for ax in far:
+    lo, hi = ax.get_ylim()
+    assert lo <= -0.4 - 0.005 and hi >= 0.015  # every point and its CI drawn
+    assert set(ax.get_yticks()) <= set(learning_curve.Y_TICKS)
+    assert ax.get_yaxis().get_label().get_text().endswith("(symlog)")
