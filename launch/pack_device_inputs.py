@@ -10,15 +10,16 @@ InsuranceQA (21 MB, half of it Chinese text the loader never reads). This writes
                  `test.json.gz`), each record keeping only the fields `data.insuranceqa` reads
                  ("en"; questions also "domain", "answers", "negatives"), and each training
                  question's negatives cut to the first `--train_negatives` (training reads only
-                 the first `train.hard_depth` = 100; the dev and test lists, which the own-pool
-                 P@1 reads, stay whole). Read it with `--config.data.path=OUT/insuranceqa`.
-                 GPL-3.0 research data: a private copy for a run, never committed (`.carry` is
-                 ignored through `.git/info/exclude`).
+                 the first `train.hard_depth`, the default; the dev and test lists, which the
+                 own-pool P@1 reads, stay whole). Read it with `--config.data.path=OUT/insuranceqa`.
+                 GPL-3.0 research data: a private copy for a run, never committed (`.carry/` is
+                 in `.gitignore`).
   minilm_fp16/   the installed model folder with `model.safetensors` in float16 (the loader reads
                  it back as float32, so embeddings differ from the float32 weights' by rounding;
                  its cache key is the weights' hash). Use `--config.encoder.model=OUT/minilm_fp16`.
 
-It prints each file's size and the total.
+Each folder is written whole or not at all (`files.atomic_dir`). It prints each file's size and
+the total.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from bilinear_ir import files
+from bilinear_ir.config import blocks
 from bilinear_ir.data import insuranceqa
 from bilinear_ir.encoders import names
 
@@ -45,29 +47,30 @@ QUESTION_FIELDS = ("en", "domain", "answers", "negatives")
 
 def pack_insuranceqa(src: str, dest: str, train_negatives: int) -> None:
   """The four files of `src` with only the fields the loader reads, train negatives cut."""
-  os.makedirs(dest, exist_ok=True)
-  for name in insuranceqa.FILES:
-    with gzip.open(os.path.join(src, name), "rt", encoding="utf-8") as f:
-      records = json.load(f)
-    if name == insuranceqa.ANSWERS:
-      out = {k: {"en": v["en"]} for k, v in records.items()}
-    else:
-      out = {k: {f: v[f] for f in QUESTION_FIELDS if f in v} for k, v in records.items()}
-      if name == insuranceqa.SPLITS["train"]:
-        for v in out.values():
-          v["negatives"] = v.get("negatives", [])[:train_negatives]
-    data = gzip.compress(json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode(),
-                         compresslevel=9, mtime=0)
-    files.atomic_write_bytes(os.path.join(dest, name), data)
+  with files.atomic_dir(dest) as tmp:
+    for name in insuranceqa.FILES:
+      with gzip.open(os.path.join(src, name), "rt", encoding="utf-8") as f:
+        records = json.load(f)
+      if name == insuranceqa.ANSWERS:
+        out = {k: {"en": v["en"]} for k, v in records.items()}
+      else:
+        out = {k: {f: v[f] for f in QUESTION_FIELDS if f in v} for k, v in records.items()}
+        if name == insuranceqa.SPLITS["train"]:
+          for v in out.values():
+            v["negatives"] = v.get("negatives", [])[:train_negatives]
+      with open(os.path.join(tmp, name), "wb") as f:
+        f.write(gzip.compress(json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode(),
+                              compresslevel=9, mtime=0))
 
 
 def pack_model(src: str, dest: str) -> None:
   """`src` copied with its weights in float16."""
-  shutil.copytree(src, dest, dirs_exist_ok=True,
-                  ignore=shutil.ignore_patterns("model.safetensors", "README.md", ".git*"))
-  with safe_open(os.path.join(src, "model.safetensors"), framework="np") as f:
-    tensors = {k: np.asarray(f.get_tensor(k)).astype(np.float16) for k in f.keys()}
-  save_file(tensors, os.path.join(dest, "model.safetensors"))
+  with files.atomic_dir(dest) as tmp:
+    shutil.copytree(src, tmp, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("model.safetensors", "README.md", ".git*"))
+    with safe_open(os.path.join(src, "model.safetensors"), framework="np") as f:
+      tensors = {k: np.asarray(f.get_tensor(k)).astype(np.float16) for k in f.keys()}
+    save_file(tensors, os.path.join(tmp, "model.safetensors"))
 
 
 def main(argv):
@@ -88,7 +91,8 @@ def main(argv):
 
 if __name__ == "__main__":  # flags defined here, so tests can import the functions
   flags.DEFINE_string("out", ".carry", "Folder to write insuranceqa/ and minilm_fp16/ into.")
-  flags.DEFINE_integer("train_negatives", 100, "Listed negatives kept per training question.")
+  flags.DEFINE_integer("train_negatives", blocks.train_config().hard_depth,
+                       "Listed negatives kept per training question (train.hard_depth).")
   flags.DEFINE_string("data", "", "Folder of the four InsuranceQA files ('': the package).")
   flags.DEFINE_string("model", "", "Model folder ('': the installed all-MiniLM-L6-v2).")
   app.run(main)
