@@ -99,13 +99,18 @@ def embedding_names(names: Any, field: str = "embeddings") -> None:
               f"{spec['path']!r}", field=field)
 
 
-def check_collection(entry: Any, field: str = "collection") -> None:
+def check_collection(entry: Any, field: str = "collection", path: str = "") -> None:
   """A collection entry (`experiment.spec.collection_block`): an embedded name, an installed
-  one (its package present, else the pip line) or an existing BEIR folder or zip."""
+  one (from `path`, the job's `data.path`, when set: a folder of the package's files such as
+  `launch/pack_device_inputs.py` writes, no package needed; else its package present, else the
+  pip line) or an existing BEIR folder or zip."""
   require(isinstance(entry, str) and entry, f"must name a collection, got {entry!r}",
           field=field)
   if entry in loaders.INSTALLED:
-    loaders.DEFAULT_PATHS[entry]()  # its package missing: refused before any work
+    if path:
+      require(os.path.isdir(path), f"no such folder: {path!r}", field="data.path")
+    else:
+      loaders.DEFAULT_PATHS[entry]()  # its package missing: refused before any work
   elif entry not in loaders.EMBEDDED:
     require(os.path.exists(entry), f"{entry!r} is neither an embedded collection "
             f"({', '.join(loaders.EMBEDDED)}), an installed one "

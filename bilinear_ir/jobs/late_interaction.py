@@ -67,7 +67,7 @@ PAPER_A4 = {"colbert": 0.112, "lite": 0.188}  # frozen encoders, MS MARCO dev MR
 def validate(config) -> None:
   """Refuses a bad config before any work (`experiment.validation`)."""
   validation.integer(config.seed, "seed", 0)
-  validation.check_collection(config.collection)
+  validation.check_collection(config.collection, path=config.data.path)
   validation.integers(config.sizes, "sizes", low=1, nonempty=False)
   validation.check_data(spec_lib.collection_block(config.data, config.collection))
   validation.one_of(config.data.folds, (0,), "data.folds")

@@ -46,7 +46,7 @@ def schedule(config, train, pairs: int, mol: bool) -> dict[str, Any]:
 
 def validate(config) -> None:
   """Refuses a bad config before any work (`experiment.validation`)."""
-  validation.check_collection(config.collection)
+  validation.check_collection(config.collection, path=config.data.path)
   validation.check_table(config)
   validation.integers(config.sizes, "sizes", low=1)
   validation.integers(config.ranks, "ranks", low=1)

@@ -31,7 +31,7 @@ JOB = "reproduce_table"
 def validate(config) -> None:
   """Refuses a bad config before any work (`experiment.validation`)."""
   if config.collection:
-    validation.check_collection(config.collection)
+    validation.check_collection(config.collection, path=config.data.path)
   validation.check_table(config)
   validation.integers(config.ranks, "ranks", low=1)
   for residual in config.residuals:

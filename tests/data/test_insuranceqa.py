@@ -10,6 +10,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -267,6 +268,37 @@ def test_installed_package_path_is_read(tmp_path, monkeypatch):
   _patch_find_spec(monkeypatch, _spec_at(_fake(tmp_path / insuranceqa.PACKAGE)))
   assert loaders.load(_config("")).num_docs == 10
   validation.check_data(_config(""))  # accepted: the package is there
+
+
+def _job_config(job: str, arg: str):
+  spec = importlib.util.spec_from_file_location(f"{job}_cfg",
+                                                os.path.join(REPO, "configs", f"{job}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.mark.parametrize("job,arg", [("late_interaction", "collection=insuranceqa"),
+                                     ("learning_curve", "collection=insuranceqa"),
+                                     ("reproduce_table", "collection=insuranceqa")])
+def test_a_copy_in_data_path_needs_no_package(tmp_path, monkeypatch, job, arg):
+  """A job on `collection=insuranceqa` with `data.path` naming a copy of the four files (what
+  launch/pack_device_inputs.py writes for a machine without the package) validates and loads
+  with the package absent; without `data.path` it is refused with the pip line, and a
+  `data.path` that is no folder is refused naming the field."""
+  import importlib as _importlib  # pylint: disable=g-import-not-at-top
+  module = _importlib.import_module(f"bilinear_ir.jobs.{job}")
+  _patch_find_spec(monkeypatch, None)
+  c = _job_config(job, arg)
+  c.data.path = _fake(tmp_path / "copy")
+  module.validate(c)
+  assert loaders.load(spec_lib.collection_block(c.data, "insuranceqa")).num_docs == 10
+  c.data.path = ""
+  with pytest.raises(InputError, match=re.escape(insuranceqa.PIP_COMMAND)):
+    module.validate(c)
+  c.data.path = str(tmp_path / "absent")
+  with pytest.raises(InputError, match=r"data\.path"):
+    module.validate(c)
 
 
 def test_main_exits_2_when_the_package_is_missing(tmp_path, repo_root):
