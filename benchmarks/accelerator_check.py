@@ -29,11 +29,12 @@ Steps (in this order: the device's own numbers first, CPU-only logic last):
                 twins, sharded top-k over the device's chips), tests/test_precision.py,
                 tests/retrieval/: test_retrieval_exact.py (the selection with ties and
                 near-ties), test_certified.py, test_mol_topk.py,
-                test_mol_topk_chunks.py. Reduced:
-                test_device_exactness.py without the MoL and certified cases (CI runs the rest).
+                test_mol_topk_chunks.py; in TESTS_DEVICE_WORKERS pytest-xdist processes where
+                xdist is installed. Reduced: test_device_exactness.py without the MoL and
+                certified cases (CI runs the rest).
   topk          benchmarks/topk.py, every case, default sizes, peers on the same device: the bare
                 matmul and torch (float32 with TF32 off, and bf16) at its best chunk; our scan also
-                at chunks 8,192 / 131,072 / 1,048,576 (`scan_chunk_ms`) and with each
+                at the former default chunk, 8,192 rows (`scan_chunk_ms`), and with each
                 selection, lax.top_k and argmax passes (`scan_selection_ms`). Reduced: --scale 0.01,
                 64 queries, two cases, the matmul and torch on the CPU (a smoke test of the peer).
   mol           benchmarks/mol_topk.py: 1,000,000 items, P = 4, a short grid, brute force also
@@ -53,6 +54,7 @@ Steps (in this order: the device's own numbers first, CPU-only logic last):
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -87,6 +89,9 @@ print(json.dumps(out, indent=2))
 # a GPU (the first H200 run needed more than 90 s for tests_device and 100 s for topk).
 LIMITS = {"device": (40, 30), "tests_device": (150, 45), "topk": (160, 60), "mol": (90, 60),
           "train": (70, 35), "stream": (30, 35), "tests_sharding": (40, 45), "fidelity": (20, 30)}
+# pytest-xdist workers of tests_device on an accelerator, where the package is installed (the
+# device machines' image has it); else the tests run in one process.
+TESTS_DEVICE_WORKERS = 8
 
 
 def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool) -> list[dict]:
@@ -104,10 +109,18 @@ def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool) 
                   ["tests/test_device_exactness.py", "tests/test_precision.py",
                    "tests/retrieval/test_retrieval_exact.py", "tests/retrieval/test_certified.py",
                    "tests/retrieval/test_mol_topk.py", "tests/retrieval/test_mol_topk_chunks.py"])
+  tests_env = dict(dev_env)
+  if accelerator and not reduced and importlib.util.find_spec("xdist") is not None:
+    # Compilation, on the host, is most of these tests' time (the first H200 run: 72 of 110
+    # tests in 150 s): TESTS_DEVICE_WORKERS pytest-xdist processes share the device, each
+    # allocating device memory as it needs it instead of 75% of it up front.
+    tests_device = ["-n", str(TESTS_DEVICE_WORKERS), *tests_device]
+    tests_env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
   plan = [
-      {"name": "device", "cmd": [py, "-c", DEVICE_SCRIPT, j("device")], "env": dev_env},
+      {"name": "device", "cmd": [py, "-c", DEVICE_SCRIPT, j("device")], "env": dev_env,
+       "json": j("device")},
       {"name": "tests_device", "cmd": [py, "-m", "pytest", "-q", "-rfs", "-p",
-                                       "no:cacheprovider", *tests_device], "env": dev_env},
+                                       "no:cacheprovider", *tests_device], "env": tests_env},
   ]
   topk = [py, os.path.join(BENCH, "topk.py"), "--json", j("topk")]
   if reduced:
@@ -117,7 +130,7 @@ def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool) 
   else:
     # on an accelerator: the bare matmul and torch on the same device (FAISS is CPU-only), and
     # the scan at other chunk sizes than the device default
-    topk += ["--repeats", "5", "--peers", "matmul,torch", "--chunks", "8192,131072,1048576",
+    topk += ["--repeats", "5", "--peers", "matmul,torch", "--chunks", "8192",
              "--selections", "top_k,argmax"]
   plan.append({"name": "topk", "cmd": topk, "env": dev_env, "json": j("topk")})
   mol = [py, os.path.join(BENCH, "mol_topk.py"), "--p", "4", "--json", j("mol")]

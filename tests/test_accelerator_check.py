@@ -30,6 +30,11 @@ def test_reduced_check_writes_one_summary_within_budget(tmp_path):
       ["summary.json"] + [f"{s}.log" for s in summary["steps"]]
       + [f"{s}.json" for s in ("device", "topk", "mol", "train", "stream", "fidelity")])
   assert set(summary) >= {"device", "steps"} and summary["device"].startswith("cpu")
+  # the device step's own record names the device count and the host, and holds the peaks
+  device = summary["steps"]["device"]["cases"][0]
+  assert device["device_count"] >= 1 and device["peaks"]["measured"]["f32_gflops"] > 0
+  assert f" x {device['device_count']}; " in summary["device"] and device["hardware"] in \
+      summary["device"]
   assert list(summary["steps"]) == ["device", "tests_device", "topk", "mol", "train", "stream",
                                     "tests_sharding", "fidelity"]
   failed = {k: v["status"] for k, v in summary["steps"].items() if not v["passed"]}
