@@ -363,20 +363,28 @@ def mebert_case(module: nn.Module, params: Any, q, qm, d, dm, dtype
   return (lambda: score(q, qm, vecs, valid)), vecs.shape[1], vecs.shape[2]
 
 
-def de_case(q, qm, docs, dtype) -> tuple[Callable[[], jnp.ndarray], int, int]:
-  """The dot-product DE's timed call: masked mean of the query tokens, dot with stored vectors.
+def de_case(q, qm, docs, dtype, module: nn.Module | None = None, params: Any = None
+            ) -> tuple[Callable[[], jnp.ndarray], int, int]:
+  """A dual encoder's timed call: masked mean of the query tokens, then the dot product with the
+  stored pooled vectors, or with `module` a table similarity's `score_all` (W, low rank, ...)
+  of that mean against them (the table applied at query time; the docs stored as for dot).
 
   Args:
     q: [1, Tq, n] query tokens; qm: [1, Tq] mask.
     docs: [K, n] pooled doc vectors (stored in `dtype`).
     dtype: storage dtype.
+    module, params: a table scorer (`scorers.base`) and its params; None: the dot product.
 
   Returns:
     (call -> [1, K] scores, 1, n).
   """
   stored = jax.block_until_ready(jnp.asarray(docs).astype(dtype))
-  # The dot scorer's score_all (scorers.dot.Dot: one dot_general of the tables' last axes).
-  score = jax.jit(lambda q, qm, docs: jax.lax.dot_general(
-      jnp.sum(jnp.where(qm[..., None], q, 0), 1) / jnp.sum(qm, 1, keepdims=True),
-      docs.astype(jnp.float32), (((1,), (1,)), ((), ()))))
+  mean = lambda q, qm: jnp.sum(jnp.where(qm[..., None], q, 0), 1) / jnp.sum(qm, 1, keepdims=True)
+  if module is None:
+    # The dot scorer's score_all (scorers.dot.Dot: one dot_general of the tables' last axes).
+    score = jax.jit(lambda q, qm, docs: jax.lax.dot_general(
+        mean(q, qm), docs.astype(jnp.float32), (((1,), (1,)), ((), ()))))
+  else:
+    score = jax.jit(lambda q, qm, docs: module.apply(
+        {"params": params}, mean(q, qm), docs.astype(jnp.float32), method=module.score_all))
   return (lambda: score(q, qm, stored)), 1, stored.shape[-1]

@@ -13,8 +13,9 @@ on the pooled embeddings (bilinear_ir/jobs/late_interaction.py).
 
 Models defined besides the default rows (name them in `--config.rows`): colbert_proj (ColBERT's
 P' = 128 projection, trained), lite_paper (separable LITE at the paper's widths m1 = 360, m2 =
-2400) and lite_small (the paper's small LITE: L2' = 50 doc tokens by a learned linear map,
-m2 = 768).
+2400), lite_small (the paper's small LITE: L2' = 50 doc tokens by a learned linear map,
+m2 = 768) and table (the table similarity of `c.table` best on dev, full W or I + P Q^T r = 32,
+on the pooled embeddings, re-ranking the same candidates).
 
 Every trained token row is selected on dev with the untrained ColBERT as a candidate (the row
 reports ColBERT's numbers, `kept_colbert`, when no trained step beats it on dev) and compared per
@@ -61,7 +62,7 @@ def get_config(arg=None):
 
   # Table rows, in order: "dot" (DE, pooled mean embeddings), names of c.models, "hybrid".
   # "colbert_proj" (ColBERT with a trained P' = 128 projection) is defined but left out by
-  # default to keep the job within ~15 minutes on 2 CPU cores.
+  # default to keep the job within ~15 minutes on 2 CPU cores; so is "table" (`c.table`).
   c.rows = ("dot", "colbert", "mebert", "lite", "lite_flat", "knrm", "hybrid")
   # Row name -> registry scorer + options (query_len / doc_len come from c.encoder).
   c.models = ConfigDict({
@@ -112,6 +113,20 @@ def get_config(arg=None):
   if c.collection == "insuranceqa":  # the curve's full-n schedule (configs/learning_curve.py):
     c.teacher.train.steps = 2000     # 40 epochs would be 6,700 steps and 268 dev rankings of
     c.teacher.train.eval_every = 200  # 2,000 questions over 27,413 answers
+  # The "table" row (name it in `rows`): the table similarity best on dev among these, each
+  # trained on the pooled mean embeddings by the learning curve's recipe (configs/
+  # learning_curve.py: its train block, at most 2,000 steps and 10 dev evaluations on
+  # InsuranceQA), re-ranking the same candidates: the like-for-like rival of the token rows.
+  c.table = ConfigDict()
+  c.table.models = ConfigDict({
+      "lowrank_r32": blocks.model_config(), "bilinear": blocks.model_config()})
+  c.table.models.lowrank_r32.scorer = "lowrank"          # I + P Q^T, r = 32
+  c.table.models.lowrank_r32.residual = "identity"
+  c.table.train = blocks.train_config()
+  if c.collection == "insuranceqa":
+    c.table.train.negatives_from = "dataset"
+    c.table.train.steps = 2000
+    c.table.train.eval_every = 200
   c.hybrid = blocks.hybrid_config()    # lam grid, min-max normalisation, dev measure
   c.eval = blocks.eval_config()       # measures (and the teacher's own full-ranking evaluation)
   c.stats = blocks.stats_config()     # paired tests of every row against colbert and dot

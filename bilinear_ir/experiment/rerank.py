@@ -7,7 +7,9 @@ setting re-ranks the same candidates (`Setting.score`); where the collection lis
 own candidates (InsuranceQA), each test query's own pool is re-ranked by the same code too
 (`Setting.pool_scores`, P@1 over it as `p_at_1_pool`). A token row is built, trained with the
 protocol (`experiment.training.train_token_model`) and scored by `token_row`; a trained row is
-then selected on dev against the untrained ColBERT (`select_over_colbert`). `table_rows` runs a
+then selected on dev against the untrained ColBERT (`select_over_colbert`); `table_row` trains
+the table similarities on the pooled embeddings and re-ranks with the one best on dev (the token
+rows' like-for-like rival). `table_rows` runs a
 table's rows on one training split (`curve_settings`: one per size of a learning curve, the
 learning curve's nested subsets); `compare_rows` adds the paired tests against ColBERT and dot.
 The hybrid's lam is tuned on dev over the same candidates (`hybrid`, and `hybrid_row` for the
@@ -197,6 +199,12 @@ def check_blocks(config: ml_collections.ConfigDict) -> None:
   if config.distill.scorers and config.distill.teacher in ("bilinear", "best"):
     validation.check_model(config.teacher.model, "teacher.model")
     validation.check_train(config.teacher.train, "teacher.train")
+  if "table" in config.rows:
+    require(len(config.table.models) > 0, "must name at least one table similarity",
+            field="table.models")
+    for label, model in config.table.models.items():
+      validation.check_model(model, f"table.models.{label}")
+    validation.check_train(config.table.train, "table.train")
 
 
 def build_setting(config: ml_collections.ConfigDict,
@@ -309,6 +317,42 @@ def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple
   scored = setting.score(setting.eval_module(module), params, setting.token_queries,
                          setting.token_docs, fn, (n_vec, width))
   return scored, info
+
+
+def table_row(setting: Setting, config, lat: tuple, dtype, n_train: int,
+              workdir: str | None = None) -> tuple[Scored, dict[str, Any]]:
+  """The "table" row: the table similarity (`config.table.models`: full W, low rank, ...) best
+  on dev, each trained on the pooled embeddings of the training split by the table recipe
+  (`training.train_and_evaluate` with `config.table.train`, its dev selection over the full
+  corpus as the learning curve's; checkpointed under `workdir`), re-ranking the same candidates
+  as every token row. The docs are stored as for dot (pooled vectors); the table is applied at
+  query time (`timing.de_case` with the module).
+
+  Returns:
+    (its Scored, {"scorer", "trained", "best_step", "model": the chosen label, "train_seconds",
+     "table_dev": {label: its dev `select_metric` in this setting}}).
+  """
+  prepared, sel = setting.prepared, config.train.select_metric
+  q, qm, _, _, docs = lat
+  runs = []
+  for label, model in config.table.models.items():
+    row = spec_lib.Row(model, config.table.train, config.eval, config.encoder, config.seed)
+    started = time.perf_counter()
+    out = training.train_and_evaluate(
+        row, prepared, setting.splitset, progress=False,
+        workdir=training.run_dir(workdir, row, prepared, setting.splitset,
+                                 f"table-{label}-n{n_train}"))
+    module = scorers.from_config(model, prepared.dim)
+    fn, n_vec, width = timing.de_case(q, qm, prepared.embeddings.docs[docs], dtype, module,
+                                      out["params"])
+    scored = setting.score(module, out["params"], setting.pooled_queries,
+                           prepared.embeddings.docs, fn, (n_vec, width))
+    runs.append((label, scored, {"scorer": model.scorer, "trained": True,
+                                 "best_step": out["best_step"],
+                                 "train_seconds": round(time.perf_counter() - started, 1)}))
+  label, scored, info = rows_lib.best_on_dev(runs, lambda r: r[1].dev.get(sel))
+  return scored, {**info, "model": label,
+                  "table_dev": {lab: s.dev.get(sel) for lab, s, _ in runs}}
 
 
 def hybrid(setting: Setting, scored: Scored, cfg, docs: np.ndarray
@@ -457,6 +501,10 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar,
       fn, n_vec, width = timing.de_case(q, qm, prepared.embeddings.docs[docs], dtype)
       add("dot", "dot", setting.score(dot, {}, setting.pooled_queries, prepared.embeddings.docs,
                                       fn, (n_vec, width)), trained=False, loss=None, teacher=None)
+    elif name == "table":
+      scored, info = table_row(setting, config, lat, dtype, n_train, workdir)
+      add("table", info.pop("scorer"), scored, loss=config.table.train.loss, teacher=None,
+          **info)
     else:
       scored, info = ((colbert, dict(colbert_info)) if name == "colbert" else
                       one(name, row_train(config, name)))
@@ -483,11 +531,13 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar,
 
 def compare_rows(rows: list[dict[str, Any]], config) -> None:
   """`row["vs_colbert"]` and `row["vs_dot"]`: each row against the untrained ColBERT row and
-  the dot row of the same n, paired over the test queries (`row["per_query"]`,
-  `eval.stats.paired`); each baseline's comparisons, over every row and n of the table, are one
-  Holm family (`experiment.compare.against_baselines`)."""
+  the dot row of the same n, and `row["vs_table"]` against the "table" row where the table has
+  one, paired over the test queries (`row["per_query"]`, `eval.stats.paired`); each baseline's
+  comparisons, over every row and n of the table, are one Holm family
+  (`experiment.compare.against_baselines`)."""
+  table = ("table",) if any(r["row"] == "table" for r in rows) else ()
   compare.against_baselines(rows, [r["per_query"] for r in rows], ("n_train",), config,
-                            name="row", baselines=("colbert", "dot"))
+                            name="row", baselines=("colbert", "dot") + table)
 
 
 def teachers(setting: Setting, config: ml_collections.ConfigDict, workdir: str | None = None

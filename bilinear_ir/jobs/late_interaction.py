@@ -20,8 +20,12 @@ metrics are those of a real two-stage system. Where the collection lists negativ
 (InsuranceQA), each test question is also re-ranked over its own pool (gold + listed negatives):
 P@1 as `p_at_1_pool`.
 
-Rows (`config.rows`, each a name of `config.models` or "dot" / "hybrid"):
+Rows (`config.rows`, each a name of `config.models` or "dot" / "table" / "hybrid"):
   dot        DE: dot product of the pooled mean embeddings (untrained).
+  table      the table similarity best on dev among `config.table.models` (full W, I + P Q^T),
+             trained on the pooled embeddings by the learning curve's recipe: the token rows'
+             like-for-like rival (`rerank.table_row`); every row is also compared with it
+             ("vs_table").
   colbert    sum-max over the raw token similarities: untrained (the protocol's candidate);
              colbert_proj adds a trained token projection P -> P'.
   mebert     ME-BERT, m = 8 doc vectors, trained shared projection + LayerNorm.
@@ -56,6 +60,7 @@ from bilinear_ir import timing
 from bilinear_ir.data import embeddings
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import rerank
+from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
@@ -86,8 +91,8 @@ def validate(config) -> None:
   validation.check_stats(config.stats)
   validation.one_of(config.storage.dtype, ("float32", "float16", "bfloat16"), "storage.dtype")
   for name in config.rows:
-    require(name in ("dot", "hybrid") or name in config.models,
-            f"unknown row {name!r}: not 'dot', 'hybrid' or a name of config.models",
+    require(name in ("dot", "table", "hybrid") or name in config.models,
+            f"unknown row {name!r}: not 'dot', 'table', 'hybrid' or a name of config.models",
             field="rows")
   require("dot" in config.rows and "colbert" in config.rows, "must hold 'dot' and 'colbert': "
           "the baselines of the paired tests", field="rows")
@@ -169,7 +174,8 @@ def markdown(results: dict[str, Any], config) -> str:
   for r in (r for r in results["rows"] if r["n_train"] == top):
     trained = "no" if not r.get("trained") else (
         "yes, kept ColBERT" if r.get("kept_colbert") else "yes")
-    table.append([r["row"], trained, r.get("loss") or "-"]
+    table.append([r["row"] + (f" ({r['model']})" if r["row"] == "table" else ""), trained,
+                  r.get("loss") or "-"]
                  + [r["metrics"][m] for m in measures + pool]
                  + [report.fmt_paired(r.get(k), alpha, ci=False) for k in ("vs_colbert", "vs_dot")]
                  + [f"{r['bytes_per_doc']:,}", f"{r['ms_1q_100d']:.2f}"])
@@ -234,7 +240,16 @@ def findings(results: dict[str, Any], config) -> str:
     lines.append(text("hybrid", dense=hyb["dense"], lam=hyb["lambda"], hybrid=hyb["metrics"][m],
                       alone=rows[hyb["dense"]]["metrics"][m],
                       bm25=results["teachers"]["bm25"]["metrics"][m]))
-  trained = [r for r in top if r.get("best_step") is not None]
+  if "table" in rows:
+    tab, tokens = rows["table"], [r for r in top if r["scorer"] in rerank.TOKEN_SCORERS]
+    best = rows_lib.best_on_dev(tokens, lambda r: r["dev"].get(sel))
+    measure = results["measure"]
+    lines.append(text("moonshot", table=tab["model"], candidates=", ".join(tab["table_dev"]),
+                      measure=measure, table_value=tab["metrics"][measure], row=best["row"],
+                      value=best["metrics"][measure],
+                      paired=report.fmt_paired(best.get("vs_table"), config.stats.alpha),
+                      ratio=best["ms_1q_100d"] / tab["ms_1q_100d"]))
+  trained = [r for r in top if r.get("best_step") is not None and r["row"] != "table"]
   last = [r["row"] for r in trained if r["best_step"] == config.train.steps]
   kept = [r["row"] for r in trained if r.get("kept_colbert")]
   if trained:

@@ -295,3 +295,39 @@ def test_job_end_to_end_writes_the_documented_rows(tmp_path, tiny_bert_dir):
       assert t["p_holm"] >= min(1.0, (len(p) - rank) * t["p_perm"]) - 1e-12
   assert 0.0 < res["candidates"]["recall"]["test"] <= 1.0
   assert (w / "results.md").read_text().count("| ") > 10
+
+
+def test_table_row_at_w_equal_identity_is_the_dot_row_and_a_baseline(tmp_path, tiny_bert_dir):
+  """The "table" row: full W trained at lr 1e-30 stays W = I (its init) to float32 precision,
+  so it re-ranks the same candidates as dot; every other row gets its paired test against it (`vs_table`) and
+  the findings compare the token row best on dev with it."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  c = _config()
+  c.collection = write_beir(str(tmp_path / "beir"), num_docs=60, num_queries=48)
+  c.data.dev_fraction = 0.25
+  c.encoder.model, c.encoder.cache_dir = tiny_bert_dir, str(tmp_path / "c")
+  c.encoder.max_length, c.encoder.query_max_length, c.encoder.doc_max_length = 32, 8, 16
+  c.rerank.bm25_depth = c.rerank.random_docs = 10
+  c.models.lite.m1, c.models.lite.m2 = 4, 8
+  c.train.steps = c.train.eval_every = 2
+  c.train.batch_size = 8
+  c.latency.docs, c.latency.repeats, c.latency.rounds = 5, 1, 1
+  c.rows, c.distill.scorers = ("dot", "colbert", "lite", "table", "hybrid"), ()
+  c.table.models = ml_collections.ConfigDict({"bilinear": blocks.model_config()})
+  c.table.train.lr, c.table.train.epochs, c.table.train.eval_every = 1e-30, 2, 1
+  job.validate(c)
+  res = job.run(c, str(tmp_path / "w")).results
+  by = {r["row"]: r for r in res["rows"]}
+  table, dot = by["table"], by["dot"]
+  assert table["model"] == "bilinear" and set(table["table_dev"]) == {"bilinear"}
+  assert table["trained"] and table["bytes_per_doc"] == dot["bytes_per_doc"] == 32 * 2
+  assert table["per_query"] == dot["per_query"] and table["metrics"] == dot["metrics"]
+  assert table["vs_dot"]["diff"] == 0.0
+  for r in (r for r in res["rows"] if r["row"] != "table"):
+    assert r["vs_table"]["diff"] == pytest.approx(np.mean(
+        [r["per_query"][q] - table["per_query"][q] for q in r["per_query"]]))
+  assert "vs_table" not in table
+  assert os.path.isdir(tmp_path / "w" / "runs") and any(
+      f.startswith("table-bilinear-n18") for f in os.listdir(tmp_path / "w" / "runs"))
+  md = job.markdown(res, c)
+  assert "| table (bilinear) |" in md and "against the table similarity (bilinear" in md
