@@ -145,7 +145,32 @@ def run(config, workdir: str) -> report.Report:
       **setting.describe(config.rerank, int(config.encoder.query_max_length), doc_len),
       "storage": storage, "storage_dtype": str(dtype.name), "hardware": timing.hardware(),
   }
-  return report.Report(results=results, markdown=markdown(results, config))
+  figures = {"late_interaction_curve": plot(results)} if len(settings) > 1 else {}
+  return report.Report(results=results, markdown=markdown(results, config), figures=figures)
+
+
+def plot(results: dict[str, Any]):
+  """Test `results["measure"]` against n (log axis), one line per row but the hybrid: a trained
+  row's own model at its dev-best step (`model_metrics`, also where dev kept ColBERT and the row
+  reports ColBERT's numbers), the untrained rows (dot, ColBERT) dashed."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  measure, sizes = results["measure"], results["sizes"]
+  at = {(r["row"], r["n_train"]): r for r in results["rows"]}
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  for name in dict.fromkeys(r["row"] for r in results["rows"] if r["scorer"] != "hybrid"):
+    pts = [at[name, n] for n in sizes if (name, n) in at]
+    ax.plot([r["n_train"] for r in pts],
+            [r.get("model_metrics", r["metrics"])[measure] for r in pts],
+            "o-" if pts[0].get("trained") else "--", label=name)
+  ax.set_xscale("log")
+  ax.set_xlabel("training queries n")
+  ax.set_ylabel(f"test {measure} (each trained row's own model)")
+  ax.set_title(f"Late interaction on {results['collection']}, frozen token embeddings")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  return fig
 
 
 # ----------------------------------------------------------------------------------------------

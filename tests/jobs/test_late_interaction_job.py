@@ -331,3 +331,27 @@ def test_table_row_at_w_equal_identity_is_the_dot_row_and_a_baseline(tmp_path, t
       f.startswith("table-bilinear-n18") for f in os.listdir(tmp_path / "w" / "runs"))
   md = job.markdown(res, c)
   assert "| table (bilinear) |" in md and "against the table similarity (bilinear" in md
+
+
+def test_curve_plot_draws_each_trained_row_s_own_model_per_n():
+  """A row that dev kept as ColBERT is drawn at its own model's value (`model_metrics`), not at
+  ColBERT's; the untrained rows at theirs; the hybrid not at all."""
+  rows = []
+  for n, own in ((300, 0.30), (3000, 0.35)):
+    rows += [{"row": "dot", "scorer": "dot", "n_train": n, "trained": False,
+              "metrics": {"ndcg@10": 0.40}},
+             {"row": "colbert", "scorer": "colbert", "n_train": n, "trained": False,
+              "metrics": {"ndcg@10": 0.43}},
+             {"row": "lite", "scorer": "lite", "n_train": n, "trained": True,
+              "kept_colbert": True, "metrics": {"ndcg@10": 0.43},
+              "model_metrics": {"ndcg@10": own}},
+             {"row": "hybrid (colbert + BM25)", "scorer": "hybrid", "n_train": n,
+              "metrics": {"ndcg@10": 0.44}}]
+  fig = job.plot({"rows": rows, "sizes": [300, 3000], "measure": "ndcg@10",
+                  "collection": "c"})
+  lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+  assert set(lines) == {"dot", "colbert", "lite"}
+  assert list(lines["lite"].get_ydata()) == [0.30, 0.35]
+  assert list(lines["colbert"].get_ydata()) == [0.43, 0.43]
+  assert list(lines["lite"].get_xdata()) == [300, 3000]
+  assert lines["dot"].get_linestyle() == "--" and lines["lite"].get_linestyle() == "-"
