@@ -101,15 +101,13 @@ def embedding_names(names: Any, field: str = "embeddings") -> None:
 
 def check_collection(entry: Any, field: str = "collection", path: str = "") -> None:
   """A collection entry (`experiment.spec.collection_block`): an embedded name, an installed
-  one (from `path`, the job's `data.path`, when set: a folder of the package's files such as
-  `launch/pack_device_inputs.py` writes, no package needed; else its package present, else the
-  pip line) or an existing BEIR folder or zip."""
+  one (its package present, else the pip line; not needed when `path`, the job's `data.path`,
+  names a copy of its files, such as `launch/pack_device_inputs.py` writes: `check_data` checks
+  that path) or an existing BEIR folder or zip."""
   require(isinstance(entry, str) and entry, f"must name a collection, got {entry!r}",
           field=field)
   if entry in loaders.INSTALLED:
-    if path:
-      require(os.path.isdir(path), f"no such folder: {path!r}", field="data.path")
-    else:
+    if not path:
       loaders.DEFAULT_PATHS[entry]()  # its package missing: refused before any work
   elif entry not in loaders.EMBEDDED:
     require(os.path.exists(entry), f"{entry!r} is neither an embedded collection "
