@@ -36,6 +36,7 @@ def _num_rows(feats: Any) -> int:
 
 
 MOL_QUERY_CHUNK = 128  # queries per `mol_topk.brute_force` call in `score_topk`
+RERANK_QUERY_CHUNK = 64  # queries per compiled call of `rerank`
 BLOCK_BYTES = 1 << 28  # scratch memory of one score_all block of a table-less scorer (256 MiB)
 _PROBE = (8, 256)  # (queries, docs) of the block compiled to measure a scorer's bytes per pair
 _bytes_per_pair_cache: dict[tuple, float] = {}
@@ -162,30 +163,53 @@ def score_topk(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, k: in
   return np.concatenate(out_idx), np.concatenate(out_scores)
 
 
-def rerank(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, candidates: np.ndarray
-           ) -> tuple[np.ndarray, np.ndarray]:
+@functools.partial(jax.jit, static_argnames=("module",))
+def _rerank_chunk(params: Any, q: tuple, d: tuple, cands: jnp.ndarray, *, module: nn.Module
+                  ) -> jnp.ndarray:
+  """Each of Qc queries against its own K candidates, gathered on the device: q ([Qc, ...],),
+  d ([N, ...],), cands [Qc, K] doc rows (>= 0) -> [Qc, K].
+
+  One query at a time (`lax.map`): memory is that of one [1, K] `score_all` block, and a chunk
+  of queries is one compiled call, not one dispatch (and two gathers) per query.
+  """
+
+  def one(args):
+    qi, ci = args
+    return module.apply({"params": params}, *(x[None] for x in qi), *(x[ci] for x in d),
+                        method=module.score_all)[0]
+
+  return jax.lax.map(one, (q, cands))
+
+
+def rerank(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, candidates: np.ndarray,
+           query_chunk: int = RERANK_QUERY_CHUNK) -> tuple[np.ndarray, np.ndarray]:
   """Re-scores each query's candidates and sorts them.
 
   Args:
+    q_feats: query features [Q, ...] (or a tuple); d_feats: doc features [N, ...] (or a tuple).
     candidates: [Q, K] doc rows per query (-1 = none).
+    query_chunk: queries per compiled call (`_rerank_chunk`; the last chunk is padded).
 
   Returns:
     (idx [Q, K], scores [Q, K]) best first; missing candidates last with score -inf.
   """
   candidates = np.asarray(candidates)
-  safe = np.where(candidates < 0, 0, candidates)
-  if len(candidates):
-    # One query against its K candidates per call: [1, ...] x [K, ...] -> [1, K], compiled once
-    # per model (params are an argument of the module-level `_score_block`). The docs go to the
-    # device once and each query's candidates are gathered there; the [1, K] results stay on
-    # the device (no sync per query) and come back together at the end.
+  safe = np.where(candidates < 0, 0, candidates).astype(np.int32)
+  n = candidates.shape[0]
+  if n and candidates.shape[1]:
+    # The docs go to the device once; each chunk's candidates are gathered there and its
+    # [Qc, K] scores stay on the device (no sync per chunk) until they all come back at the end.
+    # One chunk size per call (compiled once per model and size: params are an argument).
+    chunk = max(1, min(int(query_chunk), n))
     d_dev = tuple(jnp.asarray(x) for x in _as_tuple(d_feats))
-    outs = [_score_block(params, _rows(q_feats, i, i + 1), tuple(x[safe[i]] for x in d_dev),
-                         module=module)
-            for i in range(candidates.shape[0])]
-    scores = np.concatenate(jax.device_get(outs))
+    outs = []
+    for s in range(0, n, chunk):
+      rows = np.minimum(np.arange(s, s + chunk), n - 1)  # the last chunk repeats its last query
+      q = tuple(x[rows] for x in _as_tuple(q_feats))
+      outs.append(_rerank_chunk(params, q, d_dev, jnp.asarray(safe[rows]), module=module))
+    scores = np.concatenate(jax.device_get(outs))[:n]
   else:
-    scores = np.zeros((0, 0))
+    scores = np.zeros(candidates.shape, np.float32)
   return sort_candidates(candidates, scores)
 
 
