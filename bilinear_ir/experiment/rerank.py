@@ -418,6 +418,20 @@ def hybrid_row(setting: Setting, config, rows: list[dict[str, Any]],
           "loss": best.get("loss"), "teacher": best.get("teacher")}, call
 
 
+def row_line(row: dict[str, Any], measure: str, sel: str) -> str:
+  """The line a row's result prints: its test `measure` and dev `sel`; for a trained row also its
+  best step and training seconds, and where dev kept ColBERT its own model's values (so a run
+  stopped before its results file still shows them)."""
+  line = (f"{row['row']:<28} n={row['n_train']} test {measure} {row['metrics'][measure]:.4f} "
+          f"(dev {sel} {row['dev'].get(sel, float('nan')):.4f})")
+  if row.get("best_step") is not None:
+    line += f", best step {row['best_step']}, train {row.get('train_seconds', 0.0):.1f} s"
+  if row.get("kept_colbert"):
+    line += (f"; kept ColBERT, own model: test {row['model_metrics'][measure]:.4f} "
+             f"(dev {row['model_dev'].get(sel, float('nan')):.4f})")
+  return line
+
+
 def _per_query(test: dict[str, Any], measure: str) -> dict[str, float]:
   """{qid: `measure`} of test metrics {"mean", "per_query"}."""
   return {q: float(v[measure]) for q, v in test["per_query"].items()}
@@ -471,9 +485,7 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar,
                  "bytes_per_doc": multivector.bytes_per_doc(n_vec, width, dtype),
                  "stored": [n_vec, width], **extra})
     dense[label] = scored
-    bar.write(f"{label:<28} n={n_train} test {measures[0]} "
-              f"{scored.test['mean'][measures[0]]:.4f} (dev {sel} "
-              f"{scored.dev.get(sel, float('nan')):.4f})")
+    bar.write(row_line(rows[-1], measures[0], sel))
     bar.update(1)
 
   def one(name: str, tcfg, teacher=None, label=None) -> tuple[Scored, dict[str, Any]]:

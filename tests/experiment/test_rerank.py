@@ -116,3 +116,21 @@ def test_rows_are_compared_with_colbert_and_dot_of_their_own_n_holm_per_baseline
                                                                for q in qids]))
     p = np.array([r[f"vs_{base}"]["p_perm"] for r in family])
     np.testing.assert_allclose([r[f"vs_{base}"]["p_holm"] for r in family], _holm(p))
+
+
+def test_a_row_s_line_shows_its_own_model_where_dev_kept_colbert():
+  """A run stopped before its results file keeps only the printed lines: a kept row's line
+  holds its own model's test and dev values, a trained row's its best step; an untrained row's
+  neither."""
+  kept = {"row": "lite", "n_train": 300, "metrics": {"ndcg@10": 0.4315},
+          "dev": {"ndcg@10": 0.4134}, "best_step": 1500, "train_seconds": 12.34,
+          "kept_colbert": True, "model_metrics": {"ndcg@10": 0.289}, "model_dev": {"ndcg@10": 0.28}}
+  line = rerank.row_line(kept, "ndcg@10", "ndcg@10")
+  assert line.startswith("lite ") and "n=300 test ndcg@10 0.4315 (dev ndcg@10 0.4134)" in line
+  assert line.endswith(", best step 1500, train 12.3 s; kept ColBERT, own model: test 0.2890 "
+                       "(dev 0.2800)")
+  mine = {**kept, "kept_colbert": False}
+  assert rerank.row_line(mine, "ndcg@10", "ndcg@10").endswith(", best step 1500, train 12.3 s")
+  untrained = {"row": "colbert", "n_train": 300, "metrics": {"ndcg@10": 0.4315},
+               "dev": {"ndcg@10": 0.4134}, "best_step": None}
+  assert rerank.row_line(untrained, "ndcg@10", "ndcg@10").endswith("(dev ndcg@10 0.4134)")
