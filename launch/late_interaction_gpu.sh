@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The late-interaction job on InsuranceQA on one GPU, within a time budget: first the token
+# curve (every token row at n = 300, 1,000, 3,000 and 12,889 training questions, with the table
+# row), then the full-n table with the paper-width LITE and the distillation rows (its other rows
+# resume from the curve's n = 12,889 checkpoints, so they are not trained twice).
+#
+#   bash launch/late_interaction_gpu.sh            # inputs packed by launch/pack_device_inputs.py
+#
+# Both runs checkpoint in $WORK (git-ignored, under the repository): stopped at the budget, the
+# same command on the same machine resumes where it stopped. Results, logs and the curve's plot go
+# to $OUT (curve.json / curve.md / curve.png, full.json / full.md, curve.log, full.log).
+#
+# Environment: BUDGET_S (seconds for both runs, default 520), OUT (default runs/li_gpu_out), WORK
+# (default runs/li_gpu), DATA (default .carry/insuranceqa), MODEL (default .carry/minilm_fp16),
+# SIZES (default 300+1000+3000+12889), STEPS (default 2000), EVAL_EVERY (default 250), PYTHON
+# (default python3).
+set -uo pipefail
+
+BUDGET_S=${BUDGET_S:-520}
+OUT=${OUT:-runs/li_gpu_out}
+WORK=${WORK:-runs/li_gpu}
+DATA=${DATA:-.carry/insuranceqa}
+MODEL=${MODEL:-.carry/minilm_fp16}
+SIZES=${SIZES:-300+1000+3000+12889}
+STEPS=${STEPS:-2000}
+EVAL_EVERY=${EVAL_EVERY:-250}
+PYTHON=${PYTHON:-python3}
+END=$((SECONDS + BUDGET_S))
+mkdir -p "${OUT}" "${WORK}"
+export PYTHONUNBUFFERED=1
+
+if ! "${PYTHON}" -c "import ml_collections, pytrec_eval" 2>/dev/null; then
+  "${PYTHON}" -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=.:${PYTHONPATH:-}
+
+TOKEN_ROWS="'dot','colbert','colbert_proj','mebert','lite','lite_small','lite_flat','knrm'"
+COMMON=(--config.data.path="${DATA}" --config.encoder.model="${MODEL}"
+        --config.encoder.cache_dir="${WORK}/cache" --config.train.eval_every="${EVAL_EVERY}"
+        --workdir="${WORK}/job")
+
+# run NAME ARGS...: the job under what is left of the budget (SIGTERM: it keeps its last
+# checkpoint); its log, results and plot go to $OUT as NAME.* (and to $WORK/done: a rerun
+# finds a finished run there and only copies it).
+run() {
+  local name=$1 left rc f
+  shift
+  mkdir -p "${WORK}/done"
+  if [[ -f "${WORK}/done/${name}.json" ]]; then
+    echo "${name}: finished by an earlier call" | tee -a "${OUT}/${name}.log"
+    cp "${WORK}/done/${name}".* "${OUT}/"
+    return 0
+  fi
+  left=$((END - SECONDS))
+  if ((left < 30)); then
+    echo "${name}: skipped, ${left} s of the budget left" | tee -a "${OUT}/${name}.log"
+    return 124
+  fi
+  echo "${name}: start with ${left} s left" | tee -a "${OUT}/${name}.log"
+  timeout --signal=TERM --kill-after=20 "$((left - 10))" "${PYTHON}" -m bilinear_ir.main "$@" \
+    "${COMMON[@]}" 2>&1 | tee -a "${OUT}/${name}.log"
+  rc=${PIPESTATUS[0]}
+  echo "${name}: rc ${rc} at ${SECONDS} s" | tee -a "${OUT}/${name}.log"
+  if ((rc == 0)); then
+    if [[ -f "${WORK}/job/late_interaction_curve.png" ]]; then
+      mv "${WORK}/job/late_interaction_curve.png" "${WORK}/done/${name}.png"
+    fi
+    cp "${WORK}/job/results.md" "${WORK}/done/${name}.md"
+    cp "${WORK}/job/results.json" "${WORK}/done/${name}.json"  # last: it marks the run done
+    for f in "${WORK}/done/${name}".*; do cp "${f}" "${OUT}/"; done
+  fi
+  return "${rc}"
+}
+
+CONFIG="configs/late_interaction.py:collection=insuranceqa,steps=${STEPS}"
+run curve --config="${CONFIG},distill=false,sizes=${SIZES}" \
+  --config.rows="(${TOKEN_ROWS},'table','hybrid')" || exit
+run full --config="${CONFIG}" --config.rows="(${TOKEN_ROWS},'lite_paper','table','hybrid')"
