@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The late-interaction job on InsuranceQA on one GPU, within a time budget: first the token
-# curve (every token row at n = 300, 1,000, 3,000 and 12,889 training questions, with the table
-# row), then the full-n table with the paper-width LITE and the distillation rows (its other rows
-# resume from the curve's n = 12,889 checkpoints, so they are not trained twice).
+# curve (ColBERT with a trained projection, ME-BERT, small LITE, flattened LITE and KNRM at n =
+# 300, 1,000, 3,000 and 12,889 training questions; LITE's and the table's curve are the CPU run's,
+# README), then the full-n table: those rows (resumed from the curve's n = 12,889 checkpoints, not
+# trained twice), LITE, LITE at the paper's widths, the table row and the distillation rows.
 #
 #   bash launch/late_interaction_gpu.sh            # inputs packed by launch/pack_device_inputs.py
 #
@@ -35,7 +36,7 @@ if ! "${PYTHON}" -c "import ml_collections, pytrec_eval" 2>/dev/null; then
 fi
 export PYTHONPATH=.:${PYTHONPATH:-}
 
-TOKEN_ROWS="'dot','colbert','colbert_proj','mebert','lite','lite_small','lite_flat','knrm'"
+CURVE_ROWS="'dot','colbert','colbert_proj','mebert','lite_small','lite_flat','knrm'"
 COMMON=(--config.data.path="${DATA}" --config.encoder.model="${MODEL}"
         --config.encoder.cache_dir="${WORK}/cache" --config.train.eval_every="${EVAL_EVERY}"
         --workdir="${WORK}/job")
@@ -75,5 +76,5 @@ run() {
 
 CONFIG="configs/late_interaction.py:collection=insuranceqa,steps=${STEPS}"
 run curve --config="${CONFIG},distill=false,sizes=${SIZES}" \
-  --config.rows="(${TOKEN_ROWS},'table','hybrid')" || exit
-run full --config="${CONFIG}" --config.rows="(${TOKEN_ROWS},'lite_paper','table','hybrid')"
+  --config.rows="(${CURVE_ROWS},'hybrid')" || exit
+run full --config="${CONFIG}" --config.rows="(${CURVE_ROWS},'lite','lite_paper','table','hybrid')"
