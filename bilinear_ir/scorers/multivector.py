@@ -33,8 +33,13 @@ DOC_REDUCTIONS = ("first", "avgpool", "linear")
 
 
 def l2_normalize(x: jnp.ndarray, eps: float = 1e-12) -> jnp.ndarray:
-  """x [..., d] / max(|x|, eps) along the last axis (zero vectors, e.g. padding, stay zero)."""
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+  """x [..., d] / max(|x|, eps) along the last axis (zero vectors, e.g. padding, stay zero).
+
+  The norm is sqrt(max(|x|^2, eps^2)), never sqrt(0): `jnp.linalg.norm` of a zero vector has a
+  NaN gradient, which made every training step over padded tokens non-finite (the optimiser then
+  skips it, so a normalised projection never trained).
+  """
+  return x / jnp.sqrt(jnp.maximum(jnp.sum(jnp.square(x), axis=-1, keepdims=True), eps * eps))
 
 
 def zero_padding(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:

@@ -233,6 +233,31 @@ def test_lite_gradients_are_finite_with_garbage_padding():
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
 
+def test_normalised_projection_gradients_over_padding_are_those_of_the_real_tokens():
+  """ColBERT with a trained P' projection and L2-normalised tokens (the job's colbert_proj): with
+  garbage padding the gradient is finite and equals the sum of each pair's gradient over its
+  real tokens alone. The norm of a zeroed padding token was once sqrt(0), whose gradient is NaN:
+  every training step was non-finite, the optimiser skipped each one, and the projection never
+  moved from its initialisation."""
+  module = registry.build("colbert", dim=N_DIM, token_dim=4, normalize=True)
+  params = perturbed_params(module)
+  q, qm, d, dm = _inputs(16)
+
+  def total(p, *x):
+    return jnp.sum(module.apply({"params": p}, *x, method=module.score_all))
+
+  grads = jax.grad(total)(params, _garbage(q, qm, 17), qm, _garbage(d, dm, 18), dm)
+  twin = jax.tree.map(jnp.zeros_like, params)
+  for b in range(B):
+    for n in range(N):
+      g = jax.grad(total)(params, q[b:b + 1][:, qm[b]], qm[b:b + 1][:, qm[b]],
+                          d[n:n + 1][:, dm[n]], dm[n:n + 1][:, dm[n]])
+      twin = jax.tree.map(jnp.add, twin, g)
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(twin)):
+    assert bool(jnp.all(jnp.isfinite(got)))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_knrm_features_by_hand():
   # Query tokens e1, e2 (+ a padding token); doc tokens e1, e2 (+ a padding token at 45 degrees
   # that would add to the mu = 0.7 kernel). Each real query token has cosines {1, 0}.
