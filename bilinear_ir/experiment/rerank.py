@@ -298,7 +298,8 @@ def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple
   latency call scores `lat` (`latency_inputs`) in `dtype`.
 
   Returns:
-    (Scored, {"trained", "best_step", "history"[, "temperature", "params", "train_seconds"]}).
+    (Scored, {"trained", "best_step", "history"[, "temperature", "skipped_steps", "params",
+     "train_seconds"]}).
   """
   params = jax.jit(lambda key: scorers.init_params(module, key))(jax.random.key(seed))
   info = {"trained": bool(jax.tree.leaves(params)), "best_step": None, "history": []}
@@ -308,6 +309,7 @@ def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple
                                      checkpoint_dir)
     params = fit.params
     info.update(best_step=fit.best_step, history=fit.history, temperature=fit.temperature,
+                skipped_steps=fit.skipped_steps,
                 params=int(sum(np.size(x) for x in jax.tree.leaves(params))),
                 train_seconds=round(time.perf_counter() - started, 1))
   q, qm, d, dm, _ = lat
@@ -420,12 +422,15 @@ def hybrid_row(setting: Setting, config, rows: list[dict[str, Any]],
 
 def row_line(row: dict[str, Any], measure: str, sel: str) -> str:
   """The line a row's result prints: its test `measure` and dev `sel`; for a trained row also its
-  best step and training seconds, and where dev kept ColBERT its own model's values (so a run
-  stopped before its results file still shows them)."""
+  best step, training seconds and any updates skipped for a non-finite gradient, and where dev
+  kept ColBERT its own model's values (so a run stopped before its results file still shows
+  them)."""
   line = (f"{row['row']:<28} n={row['n_train']} test {measure} {row['metrics'][measure]:.4f} "
           f"(dev {sel} {row['dev'].get(sel, float('nan')):.4f})")
   if row.get("best_step") is not None:
     line += f", best step {row['best_step']}, train {row.get('train_seconds', 0.0):.1f} s"
+  if row.get("skipped_steps"):
+    line += f", {row['skipped_steps']} updates skipped (non-finite gradient)"
   if row.get("kept_colbert"):
     line += (f"; kept ColBERT, own model: test {row['model_metrics'][measure]:.4f} "
              f"(dev {row['model_dev'].get(sel, float('nan')):.4f})")

@@ -179,12 +179,15 @@ class FitResult:
     history: [{"step", "loss", ...dev metrics}] at each evaluation.
     best_step: step of the selected params.
     temperature: the softmax temperature used.
+    skipped_steps: steps whose update the optimiser skipped for a non-finite gradient
+      (`make_optimizer`); equal to the steps run, the params never moved.
   """
   params: Any
   last_params: Any
   history: list[dict[str, float]]
   best_step: int
   temperature: float
+  skipped_steps: int = 0
 
 
 def _score_std(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, seed: int) -> float:
@@ -344,7 +347,8 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   selected = best["params"] if evaluate is not None else state["params"]
   return FitResult(params=selected, last_params=state["params"], history=record["history"],
                    best_step=int(record["best_step"]) if evaluate is not None else total,
-                   temperature=temperature)
+                   temperature=temperature,
+                   skipped_steps=int(state["opt_state"].total_notfinite))
 
 
 def _teacher_scores(teacher: teachers.Teacher, batches: list) -> np.ndarray:

@@ -121,9 +121,15 @@ def test_non_finite_gradients_skip_the_update():
   module = scorers.build("wdp", dim=16)
   params = scorers.init_params(module, jax.random.key(0))
   ts = TrainSet(np.stack([np.arange(len(qs)), best], 1), len(qs), len(docs))
-  res = trainer.fit(module, params, qs, docs, ts, _cfg(steps=20), seed=0, progress=False)
+  cfg = _cfg(steps=20)
+  res = trainer.fit(module, params, qs, docs, ts, cfg, seed=0, progress=False)
   assert np.all(np.isfinite(np.asarray(res.last_params["v"])))
   assert np.any(np.asarray(res.last_params["v"]) != 1.0)
+  # the result counts the skipped steps: those whose batch holds query 5
+  sampler = BatchSampler(ts, cfg.batch_size, cfg.hard_negatives, cfg.random_negatives,
+                         cfg.in_batch, 0)
+  held = sum(5 in sampler.batch(s).q_rows for s in range(cfg.steps))
+  assert 0 < held < cfg.steps and res.skipped_steps == held
 
 
 def _pool_loop(pairs, ranked, depth):
