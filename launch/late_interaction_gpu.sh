@@ -16,6 +16,7 @@
 # SIZES (default 300+1000+3000+12889), STEPS (default 2000), EVAL_EVERY (default 250), PYTHON
 # (default python3).
 set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1   # paths below are the repository's
 
 BUDGET_S=${BUDGET_S:-520}
 OUT=${OUT:-runs/li_gpu_out}
