@@ -14,7 +14,9 @@
 # Environment: BUDGET_S (seconds for both runs, default 520), OUT (default runs/li_gpu_out), WORK
 # (default runs/li_gpu), DATA (default .carry/insuranceqa), MODEL (default .carry/minilm_fp16),
 # SIZES (default 300+1000+3000+12889), STEPS (default 2000), EVAL_EVERY (default 250), PYTHON
-# (default python3).
+# (default python3), CURVE_ROWS (the curve's rows, quoted names joined by commas, holding 'dot'
+# and 'colbert'; default all of the above: e.g. CURVE_ROWS="'dot','colbert','lite_small'" for
+# the rows the 2-core CPU has not trained on the curve, README).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1   # paths below are the repository's
 
@@ -37,7 +39,7 @@ if ! "${PYTHON}" -c "import ml_collections, pytrec_eval" 2>/dev/null; then
 fi
 export PYTHONPATH=.:${PYTHONPATH:-}
 
-CURVE_ROWS="'dot','colbert','colbert_proj','mebert','lite_small','lite_flat','knrm'"
+CURVE_ROWS=${CURVE_ROWS:-"'dot','colbert','colbert_proj','mebert','lite_small','lite_flat','knrm'"}
 COMMON=(--config.data.path="${DATA}" --config.encoder.model="${MODEL}"
         --config.encoder.cache_dir="${WORK}/cache" --config.train.eval_every="${EVAL_EVERY}"
         --workdir="${WORK}/job")
