@@ -54,8 +54,9 @@ def test_a_failed_job_stops_the_script_with_its_exit_code(tmp_path):
 
 def test_curve_rows_reach_the_job(tmp_path):
   """CURVE_ROWS replaces the curve's rows: a name the job does not know stops it (exit 2, naming
-  the row and the field) before any data is read."""
-  proc = _script(tmp_path, BUDGET_S=200, CURVE_ROWS="'dot','colbert','no_such_row'")
+  the row and the field) before any data is read; the data and model folders exist (empty)."""
+  proc = _script(tmp_path, BUDGET_S=200, DATA=tmp_path, MODEL=tmp_path,
+                 CURVE_ROWS="'dot','colbert','no_such_row'")
   log = (tmp_path / "out" / "curve.log").read_text()
   assert proc.returncode == 2, log
   assert "no_such_row" in log and "rows" in log and "curve: rc 2" in log
