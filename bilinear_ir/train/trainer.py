@@ -180,7 +180,7 @@ class FitResult:
     best_step: step of the selected params.
     temperature: the softmax temperature used.
     skipped_steps: steps whose update the optimiser skipped for a non-finite gradient
-      (`make_optimizer`); equal to the steps run, the params never moved.
+      (`make_optimizer`); where it equals the steps run, the params never moved.
   """
   params: Any
   last_params: Any
