@@ -1,0 +1,258 @@
+"""Pallas kernels for exact top-k: a fused scan-and-select over a doc table, and a top-N selection.
+
+`block_candidates` (the fused scan-and-select, `exact.topk(strategy="pallas")`): a grid over
+(query tiles, doc blocks); program (i, j) loads its query tile [tq, w] once and streams its doc
+block of `tq`-independent `block` rows once, `td` rows at a time: the [tq, td] float32 scores of
+a step (float32 products and float32 accumulation: `lax.Precision.HIGHEST`, which the Triton
+lowering runs as `input_precision="ieee"`, not TF32) are merged into a running top-k per query
+held in registers ([tq, kp] values and ids, kp the power of two >= k) by k passes of
+(max, lowest id among the entries equal to it, mask that id out): ties go to the lower doc id,
+as everywhere in `retrieval.exact`. Only the [B, blocks, k] candidates reach memory; the caller
+merges them (`exact.merge`, by (score desc, id asc)), so the result is the exact float32 top-k.
+A step whose every score is below each query's current k-th best is skipped (`skip`): the passes
+would not change the state.
+
+`top_n_threshold` (the MoL top-N selection, `mol_topk.avg_top_n(strategy="pallas")`): per row
+of a [B, M] score matrix, the exact key of the n-th largest entry by a 32-step bisection over the
+int32 ordering key of the floats (XLA's total order, as `lax.top_k`), one counting pass over the
+row per step inside the kernel, and the number of entries strictly above it; `select_top_n` then
+keeps the entries above the key plus the lowest-index ones equal to it and orders them by
+(value desc, index asc): the same ids as `lax.top_k`.
+
+Padding: the doc table and the query table are read with masked loads (rows past N or B, columns
+past w read as 0); padded docs score -inf with id `no_doc` and are never returned before a real
+doc. Block shapes of the Triton lowering are powers of two, so the width is read in chunks of
+`wk` columns (any w). On a CPU the kernels run in Pallas interpret mode (`interpret=None`).
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+PRECISION = lax.Precision.HIGHEST  # float32 products and sums ("ieee" in Triton), never TF32
+
+
+class Tiles(NamedTuple):
+  """Tile sizes of `block_candidates` (powers of two except `steps`).
+
+  Attributes:
+    tq: queries per program (>= 16: the Triton dot's smallest M).
+    td: doc rows per step (>= 16).
+    steps: steps per program: a program's doc block is td * steps rows.
+    wk: columns per width chunk.
+    num_warps: Triton warps per program (None: Triton's default).
+    num_stages: Triton pipelining stages (None: Triton's default).
+    skip: skip a step whose scores are all below each query's current k-th best.
+  """
+  tq: int = 32
+  td: int = 64
+  steps: int = 32
+  wk: int = 128
+  num_warps: int | None = 4
+  num_stages: int | None = 2
+  skip: bool = True
+
+
+def next_pow2(x: int) -> int:
+  """The smallest power of two >= x (x >= 1)."""
+  return 1 << max(0, int(x) - 1).bit_length()
+
+
+def default_tiles(batch: int, width: int) -> Tiles:
+  """Tiles for B queries of width w: tq the power of two >= B in [16, 64], wk <= 128."""
+  return Tiles(tq=int(min(64, max(16, next_pow2(batch)))), wk=int(min(128, next_pow2(width))))
+
+
+def interpret_default() -> bool:
+  """Interpret mode (no GPU compiler) unless jax's default backend is a GPU."""
+  return jax.default_backend() != "gpu"
+
+
+def _merge_step(vals, ids, s, sid, k: int, no_doc: int):
+  """k passes merging step scores s, ids sid [tq, td] into the running vals, ids [tq, kp].
+
+  Each pass takes the largest remaining score and, among the entries equal to it, the lowest
+  id; that entry then leaves both lists (score -inf, id no_doc), so once the real entries run
+  out the passes fill -inf / no_doc. Slots >= k stay -inf / no_doc.
+  """
+  kp = vals.shape[1]
+  kcol = jnp.arange(kp, dtype=jnp.int32)[None, :]
+  new_v = jnp.full(vals.shape, -jnp.inf, jnp.float32)
+  new_i = jnp.full(ids.shape, no_doc, jnp.int32)
+  for p in range(k):
+    m = jnp.maximum(jnp.max(vals, axis=1), jnp.max(s, axis=1))
+    sel = jnp.minimum(jnp.min(jnp.where(vals == m[:, None], ids, no_doc), axis=1),
+                      jnp.min(jnp.where(s == m[:, None], sid, no_doc), axis=1))
+    new_v = jnp.where(kcol == p, m[:, None], new_v)
+    new_i = jnp.where(kcol == p, sel[:, None], new_i)
+    taken, taken_s = ids == sel[:, None], sid == sel[:, None]
+    vals, ids = jnp.where(taken, -jnp.inf, vals), jnp.where(taken, no_doc, ids)
+    s, sid = jnp.where(taken_s, -jnp.inf, s), jnp.where(taken_s, no_doc, sid)
+  return new_v, new_i
+
+
+def _scan_select_kernel(q_ref, d_ref, v_ref, i_ref, *, b: int, n: int, w: int, k: int,
+                        tiles: Tiles, no_doc: int):
+  """Program (i, j): queries [i tq, (i + 1) tq) x docs [j td steps, (j + 1) td steps)."""
+  tq, td, wk = tiles.tq, tiles.td, tiles.wk
+  kp = v_ref.shape[-1]
+  qi, bj = pl.program_id(0), pl.program_id(1)
+  zero = qi * 0  # traced: a chunk past w is a masked load, not a static out-of-bound slice
+  q_rows = qi * tq + jnp.arange(tq, dtype=jnp.int32)
+  chunks = []
+  for c in range(-(-w // wk)):
+    cols = c * wk + jnp.arange(wk, dtype=jnp.int32)
+    chunks.append(plgpu.load(q_ref.at[pl.ds(qi * tq, tq), pl.ds(zero + c * wk, wk)],
+                             mask=(q_rows < b)[:, None] & (cols < w)[None, :], other=0.0))
+  first = bj * (td * tiles.steps)
+
+  def step(t, state):
+    vals, ids = state
+    start = first + t * td
+    rows = start + jnp.arange(td, dtype=jnp.int32)
+    ok = rows < n
+    s = jnp.zeros((tq, td), jnp.float32)
+    for c, qc in enumerate(chunks):
+      cols = c * wk + jnp.arange(wk, dtype=jnp.int32)
+      dc = plgpu.load(d_ref.at[pl.ds(start, td), pl.ds(zero + c * wk, wk)],
+                      mask=ok[:, None] & (cols < w)[None, :], other=0.0)
+      s = s + lax.dot_general(qc.astype(dc.dtype), dc, (((1,), (1,)), ((), ())),
+                              precision=PRECISION, preferred_element_type=jnp.float32)
+    s = jnp.where(ok[None, :], s, -jnp.inf)
+    sid = jnp.broadcast_to(jnp.where(ok, rows, no_doc)[None, :], (tq, td))
+    if not tiles.skip:
+      return _merge_step(vals, ids, s, sid, k, no_doc)
+    kcol = jnp.arange(kp, dtype=jnp.int32)[None, :]
+    kth = jnp.max(jnp.where(kcol == k - 1, vals, -jnp.inf), axis=1)  # [tq]
+    hit = jnp.max(jnp.max(jnp.where(s >= kth[:, None], 1, 0), axis=1), axis=0)
+    return lax.cond(hit > 0, lambda: _merge_step(vals, ids, s, sid, k, no_doc),
+                    lambda: (vals, ids))
+
+  init = (jnp.full((tq, kp), -jnp.inf, jnp.float32), jnp.full((tq, kp), no_doc, jnp.int32))
+  vals, ids = lax.fori_loop(0, tiles.steps, step, init)
+  v_ref[...] = vals
+  i_ref[...] = ids
+
+
+@functools.partial(jax.jit, static_argnames=("k", "tiles", "no_doc", "interpret"))
+def block_candidates(qt: jax.Array, dt: jax.Array, k: int, tiles: Tiles, no_doc: int,
+                     interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+  """Each doc block's exact top-k per query (the fused scan-and-select kernel).
+
+  Args:
+    qt: [B, w] float32 query table.
+    dt: [N, w] float32 (or bfloat16: products exact in float32, float32 sums) doc table.
+    k: results per query and block (k may exceed a block's rows: -inf / no_doc fill).
+    tiles: `Tiles` (static).
+    no_doc: the id of an empty slot.
+    interpret: run in Pallas interpret mode (CPU).
+
+  Returns:
+    (scores [B, blocks * k] float32, ids [B, blocks * k] int32), blocks = ceil(N / (td steps));
+    each block's k best by (score desc, id asc), for `exact.merge`.
+  """
+  b, w = qt.shape
+  n = dt.shape[0]
+  kp = next_pow2(k)
+  nq = -(-b // tiles.tq)
+  nb = -(-n // (tiles.td * tiles.steps))
+  kernel = functools.partial(_scan_select_kernel, b=b, n=n, w=w, k=k, tiles=tiles,
+                             no_doc=no_doc)
+  out_spec = pl.BlockSpec((tiles.tq, None, kp), lambda i, j: (i, j, 0))
+  params = plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+  vals, ids = pl.pallas_call(
+      kernel, grid=(nq, nb), in_specs=[pl.no_block_spec, pl.no_block_spec],
+      out_specs=[out_spec, out_spec],
+      out_shape=[jax.ShapeDtypeStruct((nq * tiles.tq, nb, kp), jnp.float32),
+                 jax.ShapeDtypeStruct((nq * tiles.tq, nb, kp), jnp.int32)],
+      compiler_params=None if interpret else params, interpret=interpret,
+      name="scan_select")(qt, dt)
+  return (vals[:b, :, :k].reshape(b, nb * k), ids[:b, :, :k].reshape(b, nb * k))
+
+
+# ---- the MoL top-N selection ------------------------------------------------------------------
+
+def order_keys(x: jax.Array) -> jax.Array:
+  """int32 keys ordered as XLA orders floats (negatives flipped; 0.0 above -0.0): [...] -> [...]."""
+  bits = lax.bitcast_convert_type(x, jnp.int32)
+  return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+
+
+def _threshold_kernel(x_ref, t_ref, g_ref, *, m: int, n: int, tr: int, tm: int):
+  """Rows [i tr, (i + 1) tr): the key of each row's n-th largest entry and the count above it."""
+  i = pl.program_id(0)
+  zero = i * 0  # traced: the last chunk may pass m (a masked load)
+
+  def count(cand):  # [tr] entries with key >= cand, one pass over the row
+    def body(c, acc):
+      cols = c * tm + jnp.arange(tm, dtype=jnp.int32)
+      x = plgpu.load(x_ref.at[pl.ds(i * tr, tr), pl.ds(zero + c * tm, tm)],
+                     mask=(cols < m)[None, :], other=-jnp.inf)
+      keys = order_keys(x)
+      return acc + jnp.sum(jnp.where((keys >= cand[:, None]) & (cols < m)[None, :], 1, 0),
+                           axis=1)
+    return lax.fori_loop(0, -(-m // tm), body, jnp.zeros((tr,), jnp.int32))
+
+  # The largest key t with count(key >= t) >= n, bit by bit: the sign bit first (is t >= 0?),
+  # then lo <= t < lo + 2^bit. Without NaN, t < int32 max, so t + 1 does not overflow.
+  lo = jnp.where(count(jnp.zeros((tr,), jnp.int32)) >= n, 0, jnp.iinfo(jnp.int32).min)
+  for bit in range(30, -1, -1):
+    cand = lo + jnp.int32(1 << bit)
+    lo = jnp.where(count(cand) >= n, cand, lo)
+  above = count(lo + 1)
+  t_ref[...] = lo
+  g_ref[...] = above
+
+
+@functools.partial(jax.jit, static_argnames=("n", "tr", "tm", "interpret"))
+def top_n_threshold(x: jax.Array, n: int, tr: int = 16, tm: int = 1024,
+                    interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+  """Per row of x [B, M] float32 (no NaN), the order key (`order_keys`) of its n-th largest
+  entry and the number of entries strictly above it: (keys [B] int32, above [B] int32).
+
+  Args:
+    x: [B, M]; n: 1 <= n <= M; tr: rows per program (power of two); tm: columns per pass step
+      (power of two); interpret: Pallas interpret mode (CPU).
+  """
+  b, m = x.shape
+  nr = -(-b // tr)
+  xp = jnp.pad(x, ((0, nr * tr - b), (0, 0))) if b % tr else x
+  kernel = functools.partial(_threshold_kernel, m=m, n=n, tr=tr, tm=tm)
+  spec = pl.BlockSpec((tr,), lambda i: (i,))
+  keys, above = pl.pallas_call(
+      kernel, grid=(nr,), in_specs=[pl.no_block_spec], out_specs=[spec, spec],
+      out_shape=[jax.ShapeDtypeStruct((nr * tr,), jnp.int32)] * 2, interpret=interpret,
+      name="top_n_threshold")(xp)
+  return keys[:b], above[:b]
+
+
+def select_top_n(x: jax.Array, n: int, interpret: bool | None = None, **kw
+                 ) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k(x, n)` through `top_n_threshold`: x [B, M] float32 (no NaN) -> (values [B, n],
+  positions [B, n] int32), the same values and positions (ties: lower position first).
+
+  The kernel finds each row's n-th key t; the kept entries are those above t and the
+  (n - above) lowest positions equal to t; they are compacted in position order and sorted by
+  (value desc, position asc). Traceable.
+  """
+  interpret = interpret_default() if interpret is None else interpret
+  b, m = x.shape
+  t, above = top_n_threshold(x, n, interpret=interpret, **kw)
+  keys = order_keys(x)
+  eq = keys == t[:, None]
+  keep = (keys > t[:, None]) | (eq & (jnp.cumsum(eq, axis=1, dtype=jnp.int32)
+                                      <= (n - above)[:, None]))
+  slot = jnp.cumsum(keep, axis=1, dtype=jnp.int32) - 1  # [B, M], slot of each kept entry
+  rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, m))
+  pos = jnp.zeros((b, n), jnp.int32).at[rows, jnp.where(keep, slot, n)].set(
+      jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32)[None], (b, m)), mode="drop")
+  _, pos = lax.sort((~order_keys(jnp.take_along_axis(x, pos, axis=1)), pos), dimension=1,
+                    num_keys=2)  # ~key: descending key order, no overflow
+  return jnp.take_along_axis(x, pos, axis=1), pos
