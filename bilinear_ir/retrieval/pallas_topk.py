@@ -1,8 +1,9 @@
 """Pallas kernels for exact top-k: a fused scan-and-select over a doc table, and a top-N selection.
 
 `block_candidates` (the fused scan-and-select, `exact.topk(strategy="pallas")`): a grid over
-(query tiles, doc blocks); program (i, j) loads its query tile [tq, w] once and streams its doc
-block of `tq`-independent `block` rows once, `td` rows at a time: the [tq, td] float32 scores of
+(query tiles, doc blocks); program (i, j) streams its doc block of td * steps rows once, `td`
+rows at a time, against its query tile [tq, w] (reloaded per step from the caches, so it holds
+no registers): the [tq, td] float32 scores of
 a step (float32 products and float32 accumulation: `lax.Precision.HIGHEST`, which the Triton
 lowering runs as `input_precision="ieee"`, not TF32) are merged into a running top-k per query
 held in registers ([tq, kp] values and ids, kp the power of two >= k) by k passes of
@@ -106,11 +107,6 @@ def _scan_select_kernel(q_ref, d_ref, v_ref, i_ref, *, b: int, n: int, w: int, k
   qi, bj = pl.program_id(0), pl.program_id(1)
   zero = qi * 0  # traced: a chunk past w is a masked load, not a static out-of-bound slice
   q_rows = qi * tq + jnp.arange(tq, dtype=jnp.int32)
-  chunks = []
-  for c in range(-(-w // wk)):
-    cols = c * wk + jnp.arange(wk, dtype=jnp.int32)
-    chunks.append(plgpu.load(q_ref.at[pl.ds(qi * tq, tq), pl.ds(zero + c * wk, wk)],
-                             mask=(q_rows < b)[:, None] & (cols < w)[None, :], other=0.0))
   first = bj * (td * tiles.steps)
 
   def step(t, state):
@@ -119,8 +115,10 @@ def _scan_select_kernel(q_ref, d_ref, v_ref, i_ref, *, b: int, n: int, w: int, k
     rows = start + jnp.arange(td, dtype=jnp.int32)
     ok = rows < n
     s = jnp.zeros((tq, td), jnp.float32)
-    for c, qc in enumerate(chunks):
+    for c in range(-(-w // wk)):  # the query tile is reloaded per step (cache hits), not held
       cols = c * wk + jnp.arange(wk, dtype=jnp.int32)
+      qc = plgpu.load(q_ref.at[pl.ds(qi * tq, tq), pl.ds(zero + c * wk, wk)],
+                      mask=(q_rows < b)[:, None] & (cols < w)[None, :], other=0.0)
       dc = plgpu.load(d_ref.at[pl.ds(start, td), pl.ds(zero + c * wk, wk)],
                       mask=ok[:, None] & (cols < w)[None, :], other=0.0)
       s = s + lax.dot_general(qc.astype(dc.dtype), dc, (((1,), (1,)), ((), ())),
@@ -166,6 +164,8 @@ def block_candidates(qt: jax.Array, dt: jax.Array, k: int, tiles: Tiles, no_doc:
   kernel = functools.partial(_scan_select_kernel, b=b, n=n, w=w, k=k, tiles=tiles,
                              no_doc=no_doc)
   out_spec = pl.BlockSpec((tiles.tq, None, kp), lambda i, j: (i, j, 0))
+  # Triton's parameters also pick the Triton backend (without them a GPU pallas_call lowers
+  # through Mosaic GPU)
   params = plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
   vals, ids = pl.pallas_call(
       kernel, grid=(nq, nb), in_specs=[pl.no_block_spec, pl.no_block_spec],
@@ -229,6 +229,7 @@ def top_n_threshold(x: jax.Array, n: int, tr: int = 16, tm: int = 1024,
   keys, above = pl.pallas_call(
       kernel, grid=(nr,), in_specs=[pl.no_block_spec], out_specs=[spec, spec],
       out_shape=[jax.ShapeDtypeStruct((nr * tr,), jnp.int32)] * 2, interpret=interpret,
+      compiler_params=None if interpret else plgpu.CompilerParams(num_warps=4, num_stages=2),
       name="top_n_threshold")(xp)
   return keys[:b], above[:b]
 

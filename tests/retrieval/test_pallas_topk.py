@@ -103,3 +103,31 @@ def test_topk_avg_pallas_selection_same_ids():
   a = mol_topk.topk_avg(src, 5, 40, tight_bound=False, selection="pallas")
   b = mol_topk.topk_avg(src, 5, 40, tight_bound=False)
   np.testing.assert_array_equal(np.asarray(a.ids), np.asarray(b.ids))
+
+
+def test_triton_lowering_is_full_float32(monkeypatch):
+  """Both kernels lower to Triton for a CUDA GPU on any machine (no GPU needed): every lowering
+  rule exists, every block is a power of two, and the score dot runs at input precision IEEE
+  (float32 products), never TF32 (`Precision.DEFAULT` would print `inputPrecision = tf32`)."""
+  import functools  # pylint: disable=g-import-not-at-top
+  from jax._src.pallas.triton import lowering, pallas_call_registration  # private: the asm
+  asm = []
+  real = lowering.lower_jaxpr_to_triton_module
+
+  def keep(*args, **kwargs):
+    out = real(*args, **kwargs)
+    asm.append(out.module.operation.get_asm())
+    return out
+
+  monkeypatch.setattr(pallas_call_registration.lowering, "lower_jaxpr_to_triton_module", keep)
+  q = jax.ShapeDtypeStruct((32, 384), jnp.float32)
+  d = jax.ShapeDtypeStruct((1000, 384), jnp.float32)
+  scan = functools.partial(pallas_topk.block_candidates, k=10, tiles=pallas_topk.Tiles(),
+                           no_doc=exact.NO_DOC, interpret=False)
+  jax.jit(scan).trace(q, d).lower(lowering_platforms=("cuda",))
+  thr = functools.partial(pallas_topk.top_n_threshold, n=100, interpret=False)
+  jax.jit(thr).trace(jax.ShapeDtypeStruct((4, 5000), jnp.float32)).lower(
+      lowering_platforms=("cuda",))
+  assert len(asm) == 2
+  dots = [line for line in asm[0].splitlines() if "tt.dot" in line]
+  assert len(dots) == 3 and not any("tf32" in line for line in dots), dots  # 384 = 3 x 128
