@@ -171,13 +171,17 @@ def host_to_device_gb_per_s(nbytes: int = 1 << 30, repeats: int = 3) -> float:
 
 def stream_bandwidth(peaks: dict[str, Any]) -> dict[str, Any]:
   """The bandwidth a stream of host-resident rows (memory-mapped shards) can reach on device 0:
-  on a CPU the memory bandwidth of `peaks` (`measure_peaks`: a copy with every core); on an
-  accelerator the host-to-device link measured now (`host_to_device_gb_per_s`).
+  on a CPU the memory read bandwidth of `peaks` (`measure_peaks`: a sum with every core or XLA,
+  the larger; the copy rate where no read rate was measured); on an accelerator the
+  host-to-device link measured now (`host_to_device_gb_per_s`).
 
   Returns:
     {"gb_per_s", "source": what was measured, "link_gb_per_s": the link (None on a CPU)}.
   """
   if jax.devices()[0].platform == "cpu":
+    if peaks.get("read_gb_per_s"):
+      return {"gb_per_s": peaks["read_gb_per_s"], "link_gb_per_s": None,
+              "source": "host memory: a read (sum) with every core or XLA (timing.measure_peaks)"}
     return {"gb_per_s": peaks["gb_per_s"], "link_gb_per_s": None,
             "source": "host memory: a copy with every core (timing.measure_peaks)"}
   link = host_to_device_gb_per_s()
