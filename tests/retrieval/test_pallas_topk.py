@@ -44,6 +44,9 @@ def test_exact_ties_by_lower_id_any_padding():
   np.testing.assert_array_equal(np.asarray(exact.brute_force(q, d, 10).ids), i64)
   # without the skip of steps that cannot enter the top-k: the same
   np.testing.assert_array_equal(run(q, d, 10, TILES._replace(skip=False))[1], i64)
+  # every doc the same: ties everywhere, within each block and across them -> ids 0 .. 9
+  same = np.tile(d[:1], (250, 1))
+  np.testing.assert_array_equal(run(q, same, 10)[1], np.tile(np.arange(10), (37, 1)))
 
 
 def test_near_ties_one_ulp_apart():
