@@ -13,12 +13,13 @@ merges them (`exact.merge`, by (score desc, id asc)), so the result is the exact
 A step whose every score is below each query's current k-th best is skipped (`skip`): the passes
 would not change the state.
 
-`top_n_threshold` (the MoL top-N selection, `mol_topk.avg_top_n(strategy="pallas")`): per row
-of a [B, M] score matrix, the exact key of the n-th largest entry by a 32-step bisection over the
-int32 ordering key of the floats (XLA's total order, as `lax.top_k`), one counting pass over the
-row per step inside the kernel, and the number of entries strictly above it; `select_top_n` then
-keeps the entries above the key plus the lowest-index ones equal to it and orders them by
-(value desc, index asc): the same ids as `lax.top_k`.
+`select_top_n` (the MoL top-N selection, `mol_topk.avg_top_n(strategy="pallas")`): per row of
+a [B, M] score matrix, the exact key of the n-th largest entry (`top_n_threshold`: a radix search
+over the int32 ordering key of the floats, XLA's total order as `lax.top_k`'s, 4 bits per pass:
+8 passes of a Pallas kernel that counts, over a grid of (row tiles, column spans), the entries at
+or above 16 candidate keys) and the number of entries strictly above it; then the entries above
+the key plus the lowest-index ones equal to it are kept and ordered by (value desc, index asc):
+the same values and ids as `lax.top_k`.
 
 Padding: the doc table and the query table are read with masked loads (rows past N or B, columns
 past w read as 0); padded docs score -inf with id `no_doc` and are never returned before a real
@@ -179,59 +180,89 @@ def block_candidates(qt: jax.Array, dt: jax.Array, k: int, tiles: Tiles, no_doc:
 
 # ---- the MoL top-N selection ------------------------------------------------------------------
 
+RADIX = 16  # candidates per counting pass of the top-N selection: 4 bits of the key per pass
+
+
 def order_keys(x: jax.Array) -> jax.Array:
   """int32 keys ordered as XLA orders floats (negatives flipped; 0.0 above -0.0): [...] -> [...]."""
   bits = lax.bitcast_convert_type(x, jnp.int32)
   return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
 
 
-def _threshold_kernel(x_ref, t_ref, g_ref, *, m: int, n: int, tr: int, tm: int):
-  """Rows [i tr, (i + 1) tr): the key of each row's n-th largest entry and the count above it."""
-  i = pl.program_id(0)
-  zero = i * 0  # traced: the last chunk may pass m (a masked load)
+def _count_kernel(x_ref, c_ref, o_ref, *, b: int, m: int, tr: int, tm: int, chunks: int):
+  """Program (i, j): rows [i tr, (i + 1) tr) x columns [j tm chunks, (j + 1) tm chunks): how
+  many entries have a key >= each of the row's RADIX candidates ([tr, RADIX] partial counts)."""
+  i, j = pl.program_id(0), pl.program_id(1)
+  rows = i * tr + jnp.arange(tr, dtype=jnp.int32)
+  cands = c_ref[...]  # [tr, RADIX]
+  col = jnp.arange(RADIX, dtype=jnp.int32)[None, :]
 
-  def count(cand):  # [tr] entries with key >= cand, one pass over the row
-    def body(c, acc):
-      cols = c * tm + jnp.arange(tm, dtype=jnp.int32)
-      x = plgpu.load(x_ref.at[pl.ds(i * tr, tr), pl.ds(zero + c * tm, tm)],
-                     mask=(cols < m)[None, :], other=-jnp.inf)
-      keys = order_keys(x)
-      return acc + jnp.sum(jnp.where((keys >= cand[:, None]) & (cols < m)[None, :], 1, 0),
-                           axis=1)
-    return lax.fori_loop(0, -(-m // tm), body, jnp.zeros((tr,), jnp.int32))
+  def body(c, acc):
+    cols = (j * chunks + c) * tm + jnp.arange(tm, dtype=jnp.int32)
+    ok = (rows < b)[:, None] & (cols < m)[None, :]
+    keys = order_keys(plgpu.load(x_ref.at[pl.ds(i * tr, tr), pl.ds((j * chunks + c) * tm, tm)],
+                                 mask=ok, other=0.0))
+    for r in range(RADIX):  # candidate r of each row: [tr] counts, into column r
+      cand = jnp.max(jnp.where(col == r, cands, jnp.iinfo(jnp.int32).min), axis=1)
+      n_ge = jnp.sum(jnp.where(ok & (keys >= cand[:, None]), 1, 0), axis=1)
+      acc = acc + jnp.where(col == r, n_ge[:, None], 0)
+    return acc
 
-  # The largest key t with count(key >= t) >= n, bit by bit: the sign bit first (is t >= 0?),
-  # then lo <= t < lo + 2^bit. Without NaN, t < int32 max, so t + 1 does not overflow.
-  lo = jnp.where(count(jnp.zeros((tr,), jnp.int32)) >= n, 0, jnp.iinfo(jnp.int32).min)
-  for bit in range(30, -1, -1):
-    cand = lo + jnp.int32(1 << bit)
-    lo = jnp.where(count(cand) >= n, cand, lo)
-  above = count(lo + 1)
-  t_ref[...] = lo
-  g_ref[...] = above
+  o_ref[...] = lax.fori_loop(0, chunks, body, jnp.zeros((tr, RADIX), jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("n", "tr", "tm", "interpret"))
-def top_n_threshold(x: jax.Array, n: int, tr: int = 16, tm: int = 1024,
-                    interpret: bool = False) -> tuple[jax.Array, jax.Array]:
-  """Per row of x [B, M] float32 (no NaN), the order key (`order_keys`) of its n-th largest
-  entry and the number of entries strictly above it: (keys [B] int32, above [B] int32).
+@functools.partial(jax.jit, static_argnames=("tr", "tm", "chunks", "interpret"))
+def count_keys_at_least(x: jax.Array, cands: jax.Array, tr: int = 8, tm: int = 1024,
+                        chunks: int = 16, interpret: bool = False) -> jax.Array:
+  """Per row of x [B, M] float32, the number of entries whose order key (`order_keys`) is >=
+  each candidate key: cands [B, RADIX] int32 -> [B, RADIX] int32. A grid over (row tiles of `tr`,
+  column spans of tm * chunks): one read of x, every span at once."""
+  b, m = x.shape
+  nr, ns = -(-b // tr), -(-m // (tm * chunks))
+  kernel = functools.partial(_count_kernel, b=b, m=m, tr=tr, tm=tm, chunks=chunks)
+  cands = jnp.pad(cands, ((0, nr * tr - b), (0, 0)))
+  part = pl.pallas_call(
+      kernel, grid=(nr, ns),
+      in_specs=[pl.no_block_spec, pl.BlockSpec((tr, RADIX), lambda i, j: (i, 0))],
+      out_specs=pl.BlockSpec((tr, None, RADIX), lambda i, j: (i, j, 0)),
+      out_shape=jax.ShapeDtypeStruct((nr * tr, ns, RADIX), jnp.int32), interpret=interpret,
+      compiler_params=None if interpret else plgpu.CompilerParams(num_warps=4, num_stages=2),
+      name="count_keys_at_least")(x, cands)
+  return jnp.sum(part[:b], axis=1)
+
+
+def top_n_threshold(x: jax.Array, n: int, interpret: bool = False, **kw
+                    ) -> tuple[jax.Array, jax.Array]:
+  """Per row of x [B, M] float32 (no NaN), the order key (`order_keys`) t of its n-th largest
+  entry and the number of entries strictly above it: (t [B] int32, above [B] int32). Traceable.
+
+  A radix search over the 32 key bits, 4 per pass (8 passes of `count_keys_at_least`, each one
+  read of x): the interval [lo, lo + 2^bits) holds t, with count(key >= lo) >= n and
+  count(key >= lo + 2^bits) = hi < n; each pass counts at lo + r 2^(bits - 4), r = 0 .. 15, and
+  keeps the last sub-interval whose start still has n entries at or above it. Offsets are uint32
+  (the key biased by 2^31), so no int32 overflows.
 
   Args:
-    x: [B, M]; n: 1 <= n <= M; tr: rows per program (power of two); tm: columns per pass step
-      (power of two); interpret: Pallas interpret mode (CPU).
+    x: [B, M]; n: 1 <= n <= M; interpret: Pallas interpret mode; **kw: `count_keys_at_least`
+      tiles (tr, tm, chunks).
   """
-  b, m = x.shape
-  nr = -(-b // tr)
-  xp = jnp.pad(x, ((0, nr * tr - b), (0, 0))) if b % tr else x
-  kernel = functools.partial(_threshold_kernel, m=m, n=n, tr=tr, tm=tm)
-  spec = pl.BlockSpec((tr,), lambda i: (i,))
-  keys, above = pl.pallas_call(
-      kernel, grid=(nr,), in_specs=[pl.no_block_spec], out_specs=[spec, spec],
-      out_shape=[jax.ShapeDtypeStruct((nr * tr,), jnp.int32)] * 2, interpret=interpret,
-      compiler_params=None if interpret else plgpu.CompilerParams(num_warps=4, num_stages=2),
-      name="top_n_threshold")(xp)
-  return keys[:b], above[:b]
+  b = x.shape[0]
+  bias = jnp.uint32(1 << 31)
+  lo = jnp.zeros((b,), jnp.uint32)  # biased key of the interval's start (int32 min)
+  hi = jnp.zeros((b,), jnp.int32)   # entries at or above the interval's end (none above max)
+  r = jnp.arange(RADIX, dtype=jnp.uint32)
+  for bits in range(32, 0, -4):
+    step = jnp.uint32(1 << (bits - 4))
+    cand_u = lo[:, None] + r[None, :] * step  # [B, RADIX], < 2^32
+    counts = count_keys_at_least(x, lax.bitcast_convert_type(cand_u ^ bias, jnp.int32),
+                                 interpret=interpret, **kw)
+    # the last r with count >= n (r = 0 always qualifies: count(key >= lo) >= n)
+    last = jnp.sum((counts >= n).astype(jnp.int32), axis=1) - 1  # [B]
+    nxt = jnp.where(last + 1 < RADIX,
+                    jnp.take_along_axis(counts, jnp.minimum(last + 1, RADIX - 1)[:, None],
+                                        axis=1)[:, 0], hi)
+    lo, hi = lo + last.astype(jnp.uint32) * step, nxt
+  return lax.bitcast_convert_type(lo ^ bias, jnp.int32), hi
 
 
 def select_top_n(x: jax.Array, n: int, interpret: bool | None = None, **kw
@@ -239,8 +270,8 @@ def select_top_n(x: jax.Array, n: int, interpret: bool | None = None, **kw
   """`lax.top_k(x, n)` through `top_n_threshold`: x [B, M] float32 (no NaN) -> (values [B, n],
   positions [B, n] int32), the same values and positions (ties: lower position first).
 
-  The kernel finds each row's n-th key t; the kept entries are those above t and the
-  (n - above) lowest positions equal to t; they are compacted in position order and sorted by
+  The kernel (`top_n_threshold`, 8 counting passes) finds each row's n-th key t; the kept
+  entries are those above t and the (n - above) lowest positions equal to t; they are compacted in position order and sorted by
   (value desc, position asc). Traceable.
   """
   interpret = interpret_default() if interpret is None else interpret

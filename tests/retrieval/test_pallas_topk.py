@@ -131,6 +131,6 @@ def test_triton_lowering_is_full_float32(monkeypatch):
   thr = functools.partial(pallas_topk.top_n_threshold, n=100, interpret=False)
   jax.jit(thr).trace(jax.ShapeDtypeStruct((4, 5000), jnp.float32)).lower(
       lowering_platforms=("cuda",))
-  assert len(asm) == 2
+  assert len(asm) >= 2  # the scan kernel, then the counting kernel (one per pass)
   dots = [line for line in asm[0].splitlines() if "tt.dot" in line]
   assert len(dots) == 3 and not any("tf32" in line for line in dots), dots  # 384 = 3 x 128
