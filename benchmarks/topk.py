@@ -146,9 +146,9 @@ from bilinear_ir.retrieval import certified, exact, pallas_topk, sharded  # noqa
 # The Pallas kernel's tile sweep on a GPU (tq.td.steps.num_warps.num_stages): few queries (the
 # 32 x 1M case: one query tile, many doc blocks) and many (1,000 x 200k: compute-bound tiles).
 TILE_SWEEP = {"few": ("32.64.32.4.2", "32.128.16.4.2", "32.128.32.8.3", "32.64.64.4.3",
-                      "32.256.8.8.2", "16.128.32.4.2"),
+                      "16.128.32.4.2"),
               "many": ("64.64.32.4.2", "64.128.16.8.2", "128.128.16.8.2", "128.64.32.8.3",
-                       "64.128.32.4.3", "128.128.8.8.3")}
+                       "64.128.32.4.3")}
 
 
 def parse_tiles(text: str, width: int) -> pallas_topk.Tiles:
