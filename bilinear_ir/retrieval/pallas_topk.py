@@ -24,7 +24,8 @@ the same values and ids as `lax.top_k`.
 Padding: the doc table and the query table are read with masked loads (rows past N or B, columns
 past w read as 0); padded docs score -inf with id `no_doc` and are never returned before a real
 doc. Block shapes of the Triton lowering are powers of two, so the width is read in chunks of
-`wk` columns (any w). On a CPU the kernels run in Pallas interpret mode (`interpret=None`).
+`wk` columns (any w). Offsets are int32: N w < 2^31 (a larger table is sharded). On a CPU the
+kernels run in Pallas interpret mode (`interpret_default`), for tests only.
 """
 from __future__ import annotations
 
@@ -159,6 +160,9 @@ def block_candidates(qt: jax.Array, dt: jax.Array, k: int, tiles: Tiles, no_doc:
   """
   b, w = qt.shape
   n = dt.shape[0]
+  if (n + tiles.td * tiles.steps) * w >= 1 << 31 or b * w >= 1 << 31:
+    raise ValueError(f"the Pallas scan indexes with int32 offsets: N w = {n} x {w} is too large "
+                     "(shard the table, `sharded`, or use strategy 'xla')")
   kp = next_pow2(k)
   nq = -(-b // tiles.tq)
   nb = -(-n // (tiles.td * tiles.steps))

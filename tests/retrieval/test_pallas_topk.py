@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from bilinear_ir.errors import InputError
 from bilinear_ir.retrieval import exact, mol_topk, pallas_topk
 
 INTERPRET = pallas_topk.interpret_default()
@@ -134,3 +135,13 @@ def test_triton_lowering_is_full_float32(monkeypatch):
   assert len(asm) >= 2  # the scan kernel, then the counting kernel (one per pass)
   dots = [line for line in asm[0].splitlines() if "tt.dot" in line]
   assert len(dots) == 3 and not any("tf32" in line for line in dots), dots  # 384 = 3 x 128
+
+
+def test_bad_strategy_is_an_input_error():
+  q, d = np.ones((2, 8), np.float32), np.ones((20, 8), np.float32)
+  with pytest.raises(InputError, match="strategy"):
+    exact.topk(q, d, 3, strategy="triton")
+  with pytest.raises(InputError, match="strategy"):
+    exact.topk(q, d, 3, strategy="pallas", row_valid=np.ones(20, bool))
+  with pytest.raises(InputError, match="strategy"):
+    mol_topk.avg_top_n(jnp.ones((2, 20)), 3, strategy="triton")
