@@ -53,8 +53,8 @@ Steps (in this order: the device's own numbers first, CPU-only logic last):
   topk          benchmarks/topk.py, every case, default sizes, peers on the same device: the bare
                 matmul and torch (float32 with TF32 off, and bf16) at its best chunk; our scan also
                 at the former default chunk, 8,192 rows (`scan_chunk_ms`), and with each
-                selection, lax.top_k and argmax passes (`scan_selection_ms`); the fused Pallas kernel
-                (`--strategies xla,pallas`: `pallas_<case>` rows, a tile sweep on a GPU).
+                selection, lax.top_k and argmax passes (`scan_selection_ms`); the fused Pallas
+                kernel (`--strategies xla,pallas`: `pallas_<case>` rows, a tile sweep on a GPU).
                 Reduced: --scale 0.01,
                 64 queries, two cases, the matmul and torch on the CPU (a smoke test of the peer).
   mol           benchmarks/mol_topk.py: 1,000,000 items, P = 4, a short grid, brute force also

@@ -7,9 +7,13 @@ an accelerator and run there (README "On an NVIDIA H100").
 import json
 import os
 import subprocess
+import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import accelerator_check  # noqa: E402  (benchmarks/accelerator_check.py)
 BUDGET_S = 360
 BOUND_FIELDS = ("bound_ms", "ratio_vs_bound", "peak_flops", "bandwidth_gbs", "peer_torch_ms",
                 "bandwidth_kind", "strategy")
@@ -77,3 +81,19 @@ def test_reduced_check_writes_one_summary_within_budget(tmp_path):
   assert steps["mol"]["cases"][0]["torch_hr_at_100"] == 1.0  # torch brute force = ours
   assert steps["tests_device"]["cases"][0]["pytest"]["passed"] >= 5
   assert steps["train"]["cases"][0]["ratio_vs_torch"] > 0
+
+
+def test_a_crashed_kernel_test_drops_the_kernels_from_the_benchmarks():
+  records = [{"name": "tests_device", "failed_tests": ["tests/x.py::t"],
+              "crashed_tests": ["tests/retrieval/test_pallas_topk.py::test_near_ties"]}]
+  assert accelerator_check.pallas_failures(records) == records[0]["crashed_tests"]
+  # a failing (not crashed) kernel test is only recorded: the benchmarks still run the kernels
+  assert not accelerator_check.pallas_failures(
+      [{"name": "tests_device", "failed_tests": ["tests/retrieval/test_pallas_topk.py::t"],
+        "crashed_tests": []}])
+  assert accelerator_check.without_pallas(
+      ["py", "topk.py", "--strategies", "xla,pallas", "--repeats", "5"]) == \
+      ["py", "topk.py", "--strategies", "xla", "--repeats", "5"]
+  assert accelerator_check.without_pallas(
+      ["py", "mol_topk.py", "--selections", "xla", "pallas", "--items", "5"]) == \
+      ["py", "mol_topk.py", "--selections", "xla", "--items", "5"]

@@ -275,7 +275,8 @@ def select_top_n(x: jax.Array, n: int, interpret: bool | None = None, **kw
   positions [B, n] int32), the same values and positions (ties: lower position first).
 
   The kernel (`top_n_threshold`, 8 counting passes) finds each row's n-th key t; the kept
-  entries are those above t and the (n - above) lowest positions equal to t; they are compacted in position order and sorted by
+  entries are those above t and the (n - above) lowest positions equal to t; they are
+  compacted in position order and sorted by
   (value desc, position asc). Traceable.
   """
   interpret = interpret_default() if interpret is None else interpret
