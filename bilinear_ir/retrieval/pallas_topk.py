@@ -3,9 +3,9 @@
 `block_candidates` (the fused scan-and-select, `exact.topk(strategy="pallas")`): a grid over
 (query tiles, doc blocks); program (i, j) streams its doc block of td * steps rows once, `td`
 rows at a time, against its query tile [tq, w] (reloaded per step from the caches, so it holds
-no registers): the [tq, td] float32 scores of
-a step (float32 products and float32 accumulation: `lax.Precision.HIGHEST`, which the Triton
-lowering runs as `input_precision="ieee"`, not TF32) are merged into a running top-k per query
+no registers): the [tq, td] float32 scores of a step (float32 products and float32
+accumulation: `lax.Precision.HIGHEST`, which the Triton lowering runs as
+`input_precision="ieee"`, not TF32) are merged into a running top-k per query
 held in registers ([tq, kp] values and ids, kp the power of two >= k) by k passes of
 (max, lowest id among the entries equal to it, mask that id out): ties go to the lower doc id,
 as everywhere in `retrieval.exact`. Only the [B, blocks, k] candidates reach memory; the caller
@@ -276,8 +276,7 @@ def select_top_n(x: jax.Array, n: int, interpret: bool | None = None, **kw
 
   The kernel (`top_n_threshold`, 8 counting passes) finds each row's n-th key t; the kept
   entries are those above t and the (n - above) lowest positions equal to t; they are
-  compacted in position order and sorted by
-  (value desc, position asc). Traceable.
+  compacted in position order and sorted by (value desc, position asc). Traceable.
   """
   interpret = interpret_default() if interpret is None else interpret
   b, m = x.shape
