@@ -39,10 +39,18 @@ max(FLOPs / the matmul peak, bytes / memory bandwidth) for the work the method m
 MoL-scoring an item costs 2 P d_P (logits) + 4 P H (the gating MLP, H = gate_hidden) FLOPs and
 reads its P_x d_P floats; brute force MoL-scores every item (float32: the float32 peak);
 TopKAvg(N) scans the avg table (2 d_P per item, N_items d_P floats) and MoL-scores N candidates
-per query; TopKPerEmbd(N) computes every item's P logits (2 P d_P) and MoL-scores P N candidates;
-CombTopK does both scans and MoL-scores P N1 + N2; the approximate methods run at the backend's
-default precision (TF32 on GPUs: the "default" peak). Fields: `bound_ms`, `ratio_vs_bound`,
-`peak_flops`, `bandwidth_gbs`.
+per query, reading at most min(B N, N_items) item rows; TopKPerEmbd(N) computes every item's P
+logits (2 P d_P) and MoL-scores P N candidates (their rows are part of that full pass, not
+counted again); CombTopK does both scans and MoL-scores P N1 + N2; the exact two-pass computes
+the logits twice but must read the items once. Nothing is counted twice. The approximate
+methods run at the backend's default precision (TF32 on GPUs: the "default" peak). Bytes are
+divided by the READ bandwidth (a reduction over as many bytes as the items table, timed in the
+same rounds: `timing.read_probe`; `bandwidth_kind` "read"). Fields: `bound_ms`,
+`ratio_vs_bound`, `peak_flops`, `bandwidth_gbs`, `bandwidth_kind`, `strategy`.
+Strategies (`--selections xla pallas`): TopKAvg and CombTopK also run with the Pallas top-N
+selection (`mol_topk.avg_top_n(strategy="pallas")`, `retrieval.pallas_topk.select_top_n`;
+interpret mode off a GPU), a row with `strategy` "pallas" beside the XLA one, its ids checked
+against the XLA selection's (`same_ids_as_xla`); a failure to compile is a row with `error`.
 Torch peer (brute force only): the same MoL (logits, the same gating MLP weights, the mixture)
 with `torch.topk`, on a CUDA device where jax runs on a GPU (`torch_peer.setup`), float32 with
 TF32 off, at its fastest of `--torch_chunks` items per step (default 4,096 and 65,536, timed
@@ -67,7 +75,7 @@ import numpy as np
 
 import torch_peer  # benchmarks/torch_peer.py
 from bilinear_ir import allocator, files, scorers, timing
-from bilinear_ir.retrieval import exact, mol_topk
+from bilinear_ir.retrieval import exact, mol_topk, pallas_topk
 
 HR_AT = (1, 10, 50, 100)
 
@@ -135,20 +143,23 @@ def work(cfg: dict | None, items: int, batch: int, p: int, d_p: int, hidden: int
   logits = (2.0 * batch * items * num_p * d_p, items * item_bytes)  # every item's P logits
   avg = (2.0 * batch * items * d_p, 4.0 * items * d_p)              # the avg table scan
 
-  def rescore(n):
-    return (batch * n * mol_flops, batch * n * item_bytes)
+  def rescore(n, full_pass: bool):
+    # the candidates' rows are read from the items table: already counted by a full pass over
+    # it, else at most every item once (B n candidates may repeat across queries)
+    return (batch * n * mol_flops, 0.0 if full_pass else min(batch * n, items) * item_bytes)
 
   if cfg is None:
     return batch * items * mol_flops, items * item_bytes, "float32"
   fn = cfg["fn"]
   if fn == "avg":
-    parts = [avg, rescore(cfg["n"])]
+    parts = [avg, rescore(cfg["n"], False)]
   elif fn == "per":
-    parts = [logits, rescore(num_p * cfg["n"])]
+    parts = [logits, rescore(num_p * cfg["n"], True)]
   elif fn == "comb":
-    parts = [logits, avg, rescore(num_p * cfg["n1"] + cfg["n2"])]
-  else:  # exact two-pass: the per-component lists and the range scan, two passes over logits
-    return 2 * logits[0], 2 * logits[1], "float32"
+    parts = [logits, avg, rescore(num_p * cfg["n1"] + cfg["n2"], True)]
+  else:  # exact two-pass: the per-component lists and the range scan compute the logits twice;
+    # the items table must be read once
+    return 2 * logits[0], logits[1], "float32"
   return sum(x[0] for x in parts), sum(x[1] for x in parts), "default"
 
 
@@ -223,12 +234,14 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
   chunk = args.chunk or mol_topk.DEFAULT_CHUNK  # the approximate algorithms' steps
 
   def call(src, cfg):
+    sel = cfg.get("selection", "xla")
     if cfg["fn"] == "per":
       return mol_topk.topk_per_embedding(src, k, cfg["n"], chunk=chunk)
     if cfg["fn"] == "avg":
-      return mol_topk.topk_avg(src, k, cfg["n"], tight_bound=False, chunk=chunk)
+      return mol_topk.topk_avg(src, k, cfg["n"], tight_bound=False, chunk=chunk, selection=sel)
     if cfg["fn"] == "comb":
-      return mol_topk.comb_topk(src, k, cfg["n1"], cfg["n2"], tight_bound=False, chunk=chunk)
+      return mol_topk.comb_topk(src, k, cfg["n1"], cfg["n2"], tight_bound=False, chunk=chunk,
+                                selection=sel)
     return mol_topk.exact_two_pass(src, k, args.exact_range, chunk=chunk)
 
   # brute force at its per-device default step (`mol_topk.default_chunk`) unless --chunk
@@ -267,12 +280,25 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
     fns[f"BruteForce@{c}"] = lambda c=c: mol_topk.brute_force(rep_src, k, chunk=c)
   for label, r in chosen.items():
     fns[label] = lambda cfg=r["cfg"]: call(rep_src, cfg)
+  pallas_errors = {}
+  if "pallas" in args.selections:  # the same configurations with the Pallas top-N selection
+    for label in [m for m in ("TopKAvg", "CombTopK") if m in chosen]:
+      cfg = dict(chosen[label]["cfg"], selection="pallas")
+      try:  # compiled (and checked below) before timing; a failure is recorded, the run goes on
+        jax.block_until_ready(call(rep_src, cfg))
+      except Exception as e:  # pylint: disable=broad-except
+        pallas_errors[label] = f"{type(e).__name__}: {str(e)[:400]}"
+        print(f"  {label} with the Pallas selection FAILED: {pallas_errors[label]}", flush=True)
+        continue
+      fns[f"{label}@pallas"] = lambda cfg=cfg: call(rep_src, cfg)
   for c, fn in torch_fns.items():
     fns[f"torch@{c}"] = fn
   probes, probe_flops = timing.peak_probes()  # the peaks again, in the same rounds
+  # the read-only bandwidth over as many bytes as the items table, in the same rounds
+  probes["peak_read"], read_bytes = timing.read_probe(items * p * args.d_p)
   fastest = {}
   ms = timing.timed_interleaved(fns | probes, args.repeats, warmup=1, fastest=fastest)
-  case_peaks = timing.with_interleaved_peaks(peaks, fastest, probe_flops)
+  case_peaks = timing.with_interleaved_peaks(peaks, fastest, probe_flops, read_bytes)
   brute_chunks_ms = {str(default_chunk): ms["BruteForce"]}
   for c in other_chunks:
     same = np.array_equal(np.asarray(fns[f"BruteForce@{c}"]().ids), report_truth)
@@ -299,17 +325,30 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
   report = [{"items": items, "P_q": p, "P_x": p, "queries": "report", "method": "BruteForce",
              "N": "-", "hr_rel": hit_rates(report_truth, report_truth), "ms": ms["BruteForce"],
              "speedup_vs_brute": 1.0, "chunk": default_chunk, "brute_chunks_ms": brute_chunks_ms,
-             **bound(None, ms["BruteForce"])}]
+             "strategy": "xla", **bound(None, ms["BruteForce"])}]
   for label, r in chosen.items():
     res = fns[label]()
-    row = {"items": items, "P_q": p, "P_x": p, "queries": "report", "method": label, "N": r["N"],
-           "chosen_on": f"selection queries: fastest with HR@100 >= {args.target}",
-           "selection_hr_at_100": r["hr_rel"].get("100"),
-           "hr_rel": hit_rates(np.asarray(res.ids), report_truth), "ms": ms[label],
-           "speedup_vs_brute": ms["BruteForce"] / ms[label], **bound(r["cfg"], ms[label])}
-    if label == "ExactTwoPass":
-      row["fallback_fraction"] = float(np.mean(np.asarray(res.fallback)))
-    report.append(row)
+    for strategy in ("xla", "pallas"):
+      key = label if strategy == "xla" else f"{label}@pallas"
+      if key not in fns:
+        if strategy == "pallas" and label in pallas_errors:
+          report.append({"items": items, "P_q": p, "P_x": p, "queries": "report",
+                         "method": label, "N": r["N"], "strategy": "pallas", "ms": None,
+                         "error": pallas_errors[label]})
+        continue
+      out = fns[key]()
+      row = {"items": items, "P_q": p, "P_x": p, "queries": "report", "method": label,
+             "N": r["N"], "strategy": strategy,
+             "chosen_on": f"selection queries: fastest with HR@100 >= {args.target}",
+             "selection_hr_at_100": r["hr_rel"].get("100"),
+             "hr_rel": hit_rates(np.asarray(out.ids), report_truth), "ms": ms[key],
+             "speedup_vs_brute": ms["BruteForce"] / ms[key], **bound(r["cfg"], ms[key])}
+      if strategy == "pallas":  # the Pallas top-N selection: the same ids as the XLA one
+        row["same_ids_as_xla"] = bool(np.array_equal(np.asarray(out.ids), np.asarray(res.ids)))
+        row["interpret"] = pallas_topk.interpret_default()
+      if label == "ExactTwoPass":
+        row["fallback_fraction"] = float(np.mean(np.asarray(out.fallback)))
+      report.append(row)
   missing = sorted({m for m, _, _ in methods(args)} - set(chosen))
   print_table(f"{header}: report queries ({args.batch}), the configurations chosen on the "
               f"selection queries, timed interleaved with brute force"
@@ -317,15 +356,16 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
               report)
   for r in selection:
     r.pop("cfg", None)
-  return selection, report, avg_selection(rep_src, items, p, args.avg, args.repeats)
+  return selection, report, avg_selection(rep_src, items, p, args.avg, args.repeats,
+                                          pallas="pallas" in args.selections)
 
 
-def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], repeats: int
-                  ) -> list[dict]:
+def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], repeats: int,
+                  pallas: bool = False) -> list[dict]:
   """TopKAvg's top-N selection alone, on `src`'s mean logits [B, items]: `lax.top_k` (block 1)
-  against `mol_topk.avg_top_n` at blocks 8 / 16 / 32 (those `exact.default_block` allows), timed
-  interleaved, ids checked against `lax.top_k`'s. Rows {items, P_q, N, block, ms,
-  same_ids_as_lax_top_k, default}."""
+  against `mol_topk.avg_top_n` at blocks 8 / 16 / 32 (those `exact.default_block` allows) and,
+  with `pallas`, its Pallas selection (block "pallas"), timed interleaved, ids checked against
+  `lax.top_k`'s. Rows {items, P_q, N, block, ms, strategy, same_ids_as_lax_top_k, default}."""
   avg = jax.block_until_ready(src.avg_scores(0, src.num_items))
   rows = []
   for n in ns:
@@ -334,12 +374,22 @@ def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], re
     allowed = exact.default_block(n, items)
     blocks = [1] + [b for b in (8, 16, 32) if b <= allowed]
     fns = {b: jax.jit(functools.partial(mol_topk.avg_top_n, n=n, block=b)) for b in blocks}
+    if pallas:
+      fns["pallas"] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n, strategy="pallas"))
+      try:  # compiled before timing; a failure is recorded and the run goes on
+        jax.block_until_ready(fns["pallas"](avg))
+      except Exception as e:  # pylint: disable=broad-except
+        del fns["pallas"]
+        rows.append({"items": items, "P_q": p, "N": n, "block": "pallas", "ms": None,
+                     "strategy": "pallas", "error": f"{type(e).__name__}: {str(e)[:400]}",
+                     "same_ids_as_lax_top_k": None, "default": False})
     ms = timing.timed_interleaved({str(b): functools.partial(f, avg) for b, f in fns.items()},
                                   repeats, warmup=1)
     ref = np.asarray(fns[1](avg))
     used = min(mol_topk.avg_block(), allowed)
     for b, f in fns.items():
       rows.append({"items": items, "P_q": p, "N": n, "block": b, "ms": round(ms[str(b)], 3),
+                   "strategy": "pallas" if b == "pallas" else "xla",
                    "same_ids_as_lax_top_k": bool(np.array_equal(np.asarray(f(avg)), ref)),
                    "default": b == used})
   if rows:
@@ -347,6 +397,9 @@ def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], re
           "lax.top_k\n")
     print("| N | block | ms | same ids | default |\n|---|---|---|---|---|")
     for r in rows:
+      if r["ms"] is None:
+        print(f"| {r['N']} | {r['block']} | failed: {r['error']} | | |")
+        continue
       print(f"| {r['N']} | {r['block']} | {r['ms']:.2f} | {r['same_ids_as_lax_top_k']} | "
             f"{'yes' if r['default'] else ''} |", flush=True)
   return rows
@@ -359,12 +412,16 @@ def print_table(title: str, rows: list[dict]) -> None:
         + " | ms | speedup | bound ms | ratio_vs_bound | torch brute ms |")
   print("|---|---|" + "---|" * (len(HR_AT) + 5))
   for r in rows:
+    method = r["method"] + (" (pallas selection)" if r.get("strategy") == "pallas" else "")
+    if r.get("ms") is None:
+      print(f"| {method} | {r['N']} | failed: {r.get('error')} |", flush=True)
+      continue
     hr = " | ".join(f"{r['hr_rel'].get(str(k), float('nan')):.3f}" for k in HR_AT)
     extra = f" (fallback {r['fallback_fraction']:.2f})" if "fallback_fraction" in r else ""
     bound = (f"{r['bound_ms']:.2f} ({r['bound_limit']}) | {r['ratio_vs_bound']:.2f} | "
              f"{r['peer_torch_ms'] if r['peer_torch_ms'] is not None else '-'}"
              if "bound_ms" in r else "- | - | -")
-    print(f"| {r['method']}{extra} | {r['N']} | {hr} | {r['ms']:.1f} | "
+    print(f"| {method}{extra} | {r['N']} | {hr} | {r['ms']:.1f} | "
           f"{r['speedup_vs_brute']:.1f}x | {bound} |", flush=True)
 
 
@@ -401,6 +458,9 @@ def main() -> None:
   parser.add_argument("--torch-device", default="cuda", choices=("cuda", "cpu"),
                       help="torch brute-force peer: cuda (where jax runs on a GPU; elsewhere "
                            "null with the reason) or cpu (a smoke test of the peer's code)")
+  parser.add_argument("--selections", nargs="+", default=["xla"], choices=("xla", "pallas"),
+                      help="TopKAvg / CombTopK top-N selection strategies to report (pallas: "
+                           "the Pallas selection kernel, a row beside the XLA one)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default=None, help="write the rows here")
   args = parser.parse_args()
@@ -426,10 +486,11 @@ def main() -> None:
         "faster than brute force on a 2-core CPU; the paper reports 66x on a GPU)")
   for p in args.p:
     ok = [r for r in report if r["items"] == largest and r["P_q"] == p
-          and r["method"] not in ("BruteForce", "ExactTwoPass")]
+          and r["method"] not in ("BruteForce", "ExactTwoPass") and r.get("ms") is not None]
     if ok:
       best = max(ok, key=lambda r: r["speedup_vs_brute"])
-      print(f"  P_q = P_x = {p}: {best['method']} {best['N']}: {best['ms']:.1f} ms, "
+      print(f"  P_q = P_x = {p}: {best['method']} {best['N']} ({best['strategy']} selection): "
+            f"{best['ms']:.1f} ms, "
             f"{best['speedup_vs_brute']:.1f}x vs brute force, HR@100 "
             f"{best['hr_rel'].get('100', float('nan')):.3f} on the report queries "
             f"({best['selection_hr_at_100']:.3f} on the selection queries)")

@@ -46,7 +46,9 @@ Roofline bound (`timing.roofline`, the peaks measured in this run: at the start,
 matmuls again interleaved with each case's calls (their fastest call), the larger kept, so a
 shared machine's load drift cannot make the bound too loose): `bound_ms` = max(2 B N w FLOPs /
 the measured matmul peak at the scanned dtype, the table's and queries' bytes / the measured
-memory bandwidth: every core copying at once on a CPU, a device copy on a GPU);
+READ bandwidth: a reduction over as many bytes as the case's table, timed in the same rounds
+(`timing.read_probe`; at the start also every core summing at once on a CPU), `bandwidth_kind`
+"read": a scan only reads, so a copy rate (read plus write) would make the bound too loose);
 `ratio_vs_bound` = our time / bound_ms (`bound_limit` says which term); `peak_flops`,
 `bandwidth_gbs`. Torch peer (`torch_peer.py`, on a CUDA device only, `--torch-device`):
 `torch.topk(q @ d.T)` over chunks at its best chunk size, float32 with TF32 off and bf16:
@@ -55,6 +57,14 @@ it does not run. `--chunks` also times our scan at other chunk sizes (`scan_chun
 `default_chunk` is the device's). Where `bf16_topk`'s ids differ from the float32 scan's,
 `other_ids` lists each such query's float64 gap and whether both lists are a correct top-k up to
 float32 rounding (`explained`: a near-tie, not a bug); `bf16_pays_here` is `certified.bf16_pays`.
+Strategies (`--strategies xla,pallas`, `strategy` in every row): "xla" is `exact.topk`'s chunked
+scan; "pallas" adds a `pallas_<case>` row beside it for the two float32 plain cases: the fused
+Pallas scan-and-select kernel (`retrieval.pallas_topk`, compiled on a GPU, interpret mode
+elsewhere), at each tile config of a small sweep (`--tiles`, default `TILE_SWEEP` on a GPU:
+`tile_sweep_ms` holds every config's ms, the row the best; each config compiled and its ids
+checked before timing, so compile time is excluded; a config that fails to compile is listed
+in `tile_errors` and the run goes on), `same_ids_as_fp32` against the XLA scan, explained per
+query (`id_agreement`) where they differ.
 Each case also reports its achieved GFLOP/s (2 B N w / time; the certified case counts its bound
 scan's width r + 1) and table bandwidth (N w bytes / time) and their fractions of the device's
 peaks, measured in the same run (a copy and float32 / bf16 matmuls, `timing.measure_peaks`; on a
@@ -100,6 +110,14 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--selections", default="",
                  help="comma list of the scan's selections to time beside the default "
                       "(top_k,argmax: `scan_selection_ms`; exact.default_selection per device)")
+  p.add_argument("--strategies", default="xla",
+                 help="comma list: xla (the chunked scan) and/or pallas (the fused Pallas "
+                      "scan-and-select kernel, a `pallas_<case>` row beside the scan's; "
+                      "interpret mode off a GPU)")
+  p.add_argument("--tiles", default="",
+                 help="the Pallas kernel's tile configs to sweep, ';'-separated "
+                      "tq.td.steps.num_warps.num_stages[.noskip] (default: TILE_SWEEP per "
+                      "device and query count)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", default=None, help="write the results here")
   return p.parse_args(argv)
@@ -123,7 +141,22 @@ import faiss_peer  # noqa: E402  (benchmarks/faiss_peer.py)
 import torch_peer  # noqa: E402  (benchmarks/torch_peer.py)
 from bilinear_ir import allocator, files, scorers  # noqa: E402
 from bilinear_ir import timing  # noqa: E402
-from bilinear_ir.retrieval import certified, exact, sharded  # noqa: E402
+from bilinear_ir.retrieval import certified, exact, pallas_topk, sharded  # noqa: E402
+
+# The Pallas kernel's tile sweep on a GPU (tq.td.steps.num_warps.num_stages): few queries (the
+# 32 x 1M case: one query tile, many doc blocks) and many (1,000 x 200k: compute-bound tiles).
+TILE_SWEEP = {"few": ("32.64.32.4.2", "32.128.16.4.2", "32.128.32.8.3", "32.64.64.4.3",
+                      "16.128.32.4.2"),
+              "many": ("64.64.32.4.2", "64.128.16.8.2", "128.128.16.8.2", "128.64.32.8.3",
+                       "64.128.32.4.3")}
+
+
+def parse_tiles(text: str, width: int) -> pallas_topk.Tiles:
+  """"tq.td.steps.num_warps.num_stages[.noskip]" -> `pallas_topk.Tiles` (wk from the width)."""
+  parts = text.split(".")
+  tq, td, steps, warps, stages = (int(x) for x in parts[:5])
+  return pallas_topk.Tiles(tq=tq, td=td, steps=steps, wk=int(min(128, pallas_topk.next_pow2(
+      width))), num_warps=warps, num_stages=stages, skip=parts[5:] != ["noskip"])
 
 
 def hardware(setup: faiss_peer.FaissSetup | None) -> str:
@@ -290,17 +323,74 @@ class Runner:
     out = {name[9:]: round(v, 3) for name, v in ms.items() if name.startswith("scan_sel_")}
     return {"default": exact.default_selection(k), **out} if out else {}
 
-  def time_all(self, fns: dict) -> dict:
+  def time_all(self, fns: dict, table_bytes: float) -> dict:
     """Median ms of every call, timed interleaved, each timed call after an untimed one; None for
-    peers not selected. The float32 and bf16 peak probes (`timing.peak_probes`) are timed in the
-    same rounds, and the bound of the cases recorded next uses the larger of each peak measured
-    at the start and here (`self.case_peaks`)."""
+    peers not selected. The float32 and bf16 peak probes (`timing.peak_probes`) and the
+    read-only bandwidth probe over as many bytes as the case's table (`timing.read_probe`) are
+    timed in the same rounds, and the bound of the cases recorded next uses the larger of each
+    peak measured at the start and here (`self.case_peaks`)."""
     probes, flops = timing.peak_probes()
+    probes["peak_read"], read_bytes = timing.read_probe(int(table_bytes // 4))
     fastest = {}
     ms = timing.timed_interleaved(fns | probes, self.args.repeats, warmup=1, rewarm=1,
                                   fastest=fastest)
-    self.case_peaks = timing.with_interleaved_peaks(self.peaks["measured"], fastest, flops)
+    self.case_peaks = timing.with_interleaved_peaks(self.peaks["measured"], fastest, flops,
+                                                    read_bytes)
     return {name: ms.get(name) for name in ("faiss", "matmul", "numpy")} | ms
+
+  def pallas_variants(self, qj, dj, k: int, truth, fns: dict) -> dict:
+    """Adds the fused Pallas kernel (`exact.topk(strategy="pallas")`) at each tile config to
+    `fns` as `pallas@<config>` (`--tiles`, else TILE_SWEEP on a GPU, the default tiles off it),
+    when --strategies has pallas. Each config is run once first (compiled: compile time is not
+    timed) and checked against the float32 scan's ids `truth`; a config that fails is left out
+    and its error kept. Returns {"configs": {config: same_ids}, "errors": {config: error}}."""
+    if "pallas" not in self.args.strategies.split(","):
+      return {}
+    b, w = qj.shape
+    if self.args.tiles:
+      configs = [c for c in self.args.tiles.split(";") if c]
+    elif jax.default_backend() == "gpu":
+      configs = list(TILE_SWEEP["few" if b <= 64 else "many"])
+    else:
+      t = pallas_topk.default_tiles(b, w)
+      configs = [f"{t.tq}.{t.td}.{t.steps}.{t.num_warps}.{t.num_stages}"]
+    out = {"configs": {}, "errors": {}}
+    for cfg in configs:
+      tiles = parse_tiles(cfg, w)
+      fn = lambda tiles=tiles: exact.topk(qj, dj, k, strategy="pallas", tiles=tiles)
+      try:
+        res = jax.block_until_ready(fn())
+      except Exception as e:  # pylint: disable=broad-except  (recorded; the run goes on)
+        out["errors"][cfg] = f"{type(e).__name__}: {str(e)[:400]}"
+        print(f"  pallas {cfg}: FAILED {out['errors'][cfg]}", flush=True)
+        continue
+      out["configs"][cfg] = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
+      fns[f"pallas@{cfg}"] = fn
+    return out
+
+  def record_pallas(self, tag, b, n, w, k, ms, truth, qj, dj, sweep, torch_ms):
+    """The `pallas_<tag>` row: the best tile config's time (`tile_sweep_ms`: every config), its
+    ids against the float32 scan's (`same_ids_as_fp32`, explained per query by
+    `id_agreement`); a row with `error` when no config ran."""
+    if not sweep:
+      return
+    times = {c: round(ms[f"pallas@{c}"], 3) for c in sweep["configs"]}
+    if not times:
+      case = {"name": f"pallas_{tag}", "strategy": "pallas", "queries": b, "docs": n, "dim": w,
+              "k": k, "ms": None, "error": sweep["errors"], "tile_sweep_ms": {}}
+      self.cases.append(case)
+      print(f"pallas_{tag}: every tile config failed: {sweep['errors']}", flush=True)
+      return
+    best = min(times, key=times.get)
+    tiles = parse_tiles(best, w)
+    res = exact.topk(qj, dj, k, strategy="pallas", tiles=tiles)
+    self.record(f"pallas_{tag}", b, n, w, k, "float32", ms[f"pallas@{best}"], ms["faiss"],
+                ms["matmul"], "exact.topk(strategy='pallas'): fused Pallas scan-and-select",
+                torch_ms=torch_ms, strategy="pallas", tiles=best, tile_sweep_ms=times,
+                tile_errors=sweep["errors"], interpret=pallas_topk.interpret_default(),
+                same_ids_as_fp32=bool(np.array_equal(np.asarray(res.ids),
+                                                     np.asarray(truth.ids))),
+                **id_agreement(qj, dj, res.ids, truth.ids))
 
   def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, scan_dtype=None,
              faiss_key="faiss", scan_width=None, torch_ms=None, torch_key="torch",
@@ -340,7 +430,8 @@ class Runner:
             "note": None if torch_ms else f"no torch peer: {self.torch_note or 'not timed'}",
             **({"scan_chunk_ms": {c: round(v, 3) for c, v in chunk_ms.items()}}
                if chunk_ms else {}),
-            "default_chunk": exact.default_chunk(k, b), **extra}
+            "default_chunk": exact.default_chunk(k, b),
+            **({"strategy": "xla"} if "strategy" not in extra else {}), **extra}
     self.cases.append(case)
     more = " ".join(f"{key}={val}" for key, val in extra.items())
     print(f"{name:42s} {ms:9.1f} ms {case['qps']:10.1f} q/s  bound {bound['bound_ms']:.1f} ms "
@@ -360,19 +451,22 @@ class Runner:
     fns = self.peers_of(q, d, qj, dj, k)
     self.torch_fn(q, d, k, "float32", fns)
     self.torch_fn(q, d, k, "bfloat16", fns, name="torch_bf16")
+    sweep = {}
     if self.args.dtype == "float32":
       fns["scan"] = self.scan(qj, dj, k)
       self.chunk_variants(qj, dj, k, fns)
+      sweep = self.pallas_variants(qj, dj, k, truth, fns)
     fns["bf16cand"] = lambda: certified.bf16_topk(qj, dj, k, doc_table_bf16=low,
                                                   max_doc_norm=norm)
     fns["bf16"] = self.scan(ql, low, k)
-    ms = self.time_all(fns)
+    ms = self.time_all(fns, 4.0 * n * w)
     chunk_ms = {int(name[6:]): v for name, v in ms.items() if name.startswith("scan_c")}
     pays = certified.bf16_pays()
     if "scan" in ms:
       self.record(tag, b, n, w, k, "float32", ms["scan"], ms["faiss"], ms["matmul"],
                   "exact.topk float32 scan", torch_ms=ms.get("torch"), chunk_ms=chunk_ms,
                   **({"scan_selection_ms": sel} if (sel := self.selection_ms(ms, k)) else {}))
+      self.record_pallas(tag, b, n, w, k, ms, truth, qj, dj, sweep, ms.get("torch"))
     res = fns["bf16cand"]()
     same = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
     self.record("bf16cand_" + tag, b, n, w, k, "float32", ms["bf16cand"], ms["faiss"],
@@ -400,7 +494,7 @@ class Runner:
       fns["faiss_full_width"] = self.faiss_fn(q, d, k, name="faiss_full_width")
     self.torch_fn(np.asarray(qt), np.asarray(dt), k, "float32", fns)
     fns["scan"] = self.scan(qt, dt, k)
-    ms = self.time_all(fns)
+    ms = self.time_all(fns, 4.0 * dt.shape[0] * width)
     full = ms.get("faiss_full_width")
     full_setting = (self.faiss_settings.get("faiss_full_width") or {}).get("setting")
     self.record(f"lowrank{r}_q{b}_d{n}_n{w}_k{k}", b, n, width, k, "float32", ms["scan"],
@@ -427,9 +521,11 @@ class Runner:
     self.torch_fn(q, d, k, "float32", fns)
     fns["scan"] = self.scan(qj, dj, k)
     self.chunk_variants(qj, dj, k, fns)
+    truth = exact.topk(qj, dj, k)
+    sweep = self.pallas_variants(qj, dj, k, truth, fns)
     fns["bf16cand"] = lambda: certified.bf16_topk(qj, dj, k, doc_table_bf16=low,
                                                   max_doc_norm=norm)
-    ms = self.time_all(fns)
+    ms = self.time_all(fns, 4.0 * n * w)
     chunk_ms = {int(name[6:]): v for name, v in ms.items() if name.startswith("scan_c")}
     for name, method in (("scan", "exact.topk float32 scan"),
                          ("bf16cand", "certified.bf16_topk (exact)")):
@@ -447,6 +543,9 @@ class Runner:
                   "float32", ms[name], ms["faiss"], ms["matmul"], method,
                   scan_dtype="bfloat16" if name == "bf16cand" else None,
                   torch_ms=ms.get("torch"), **extra)
+      if name == "scan":
+        self.record_pallas(f"q{b}_d{n}_n{w}_k{k}", b, n, w, k, ms, truth, qj, dj, sweep,
+                           ms.get("torch"))
 
   def certified_case(self, b, n, w, k, r):
     q, d = self.data(b, n, w)
@@ -469,7 +568,7 @@ class Runner:
         "full_w_scan": self.scan(qw, dj, k),
         "certified": lambda: certified.certified_topk(index, qj, k)}
     self.torch_fn(np.asarray(qw), d, k, "float32", fns)  # torch over the full-W tables
-    ms = self.time_all(fns)
+    ms = self.time_all(fns, 4.0 * n * w)
     self.record(f"certified_r{r}_q{b}_d{n}_n{w}_k{k}", b, n, w, k, "float32", ms["certified"],
                 ms["faiss"], ms["matmul"], f"certified.certified_topk rank {r} ({source})",
                 scan_width=r + 1,  # FLOP/s and bytes of its bound scan (width r + 1)

@@ -33,8 +33,8 @@ Every case also carries the roofline bound (`timing.roofline`, peaks measured at
 the run: float32 / bf16 matmul peaks, the matmuls again timed interleaved with each case and the
 larger rate kept): max(2 B N w FLOPs / the matmul peak of the index's dtype, the index's bytes /
 the bandwidth a stream of host-resident shards can reach, `timing.stream_bandwidth`: on a CPU the
-memory bandwidth with every core copying; on an accelerator the host-to-device link measured in
-the same run, `jax.device_put` of a 1 GiB host array, best of 3) as `bound_ms`,
+memory READ bandwidth (a sum by every core or by XLA, the larger); on an accelerator the
+host-to-device link measured in the same run, `jax.device_put` of a 1 GiB host array, best of 3) as `bound_ms`,
 `ratio_vs_bound`, `peak_flops`, `bandwidth_gbs` (the stream's bandwidth), with
 `bound_bandwidth_source` naming it and `link_gb_per_s` (accelerators; null on a CPU). It is the
 bound with the shards in host memory, so with shards on disk the read is the limit instead.
@@ -277,7 +277,8 @@ def main(args: argparse.Namespace) -> None:
                         f"{len(indexes[dtype].manifest['shards'])} memory-mapped {dtype} shards)",
               "mem_available_gib": round((meminfo() or 0) / 2**30, 1)}
       work = (2.0 * b * args.docs * args.dim, total[dtype] + 4.0 * b * args.dim)
-      bound = timing.roofline(*work, dtype, case_peaks | {"gb_per_s": stream["gb_per_s"]})
+      bound = timing.roofline(*work, dtype, case_peaks | {"gb_per_s": stream["gb_per_s"],
+                                                          "read_gb_per_s": stream["gb_per_s"]})
       resident = timing.roofline(*work, dtype, case_peaks)
       case |= {**bound, "ratio_vs_bound": round(ms["ours"] / bound["bound_ms"], 3),
                "bound_bandwidth_source": stream["source"],

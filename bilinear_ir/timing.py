@@ -134,6 +134,27 @@ def host_copy_gb_per_s(words: int = 1 << 26, repeats: int = 5,
   return 2 * 4 * words / seconds / 1e9
 
 
+def host_read_gb_per_s(words: int = 1 << 26, repeats: int = 5,
+                       threads: int | None = None) -> float:
+  """Host read bandwidth with every core: `threads` (default os.cpu_count()) threads each sum one
+  slice of a float32 array (numpy's reduction releases the GIL); GB/s counts the bytes read."""
+  src = np.random.default_rng(0).random(words, np.float32)  # not zeros (pages touched)
+  threads = threads or os.cpu_count() or 1
+  cuts = np.linspace(0, words, threads + 1).astype(int)
+  parts = [src[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:])]
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    seconds = best_s(lambda: list(pool.map(np.sum, parts)), repeats)
+  return 4 * words / seconds / 1e9
+
+
+def read_probe(words: int) -> tuple[Callable[[], Any], float]:
+  """The read-only bandwidth probe as a call a benchmark can time beside its cases: XLA's sum of
+  a float32 array of `words` elements on device 0 (`words` ~ the scan's table: the same size
+  class of memory traffic): (call, bytes read by one call)."""
+  x = jax.random.uniform(jax.random.key(2), (words,), jnp.float32)
+  return (lambda: _read(x)), 4.0 * words
+
+
 def host_to_device_gb_per_s(nbytes: int = 1 << 30, repeats: int = 3) -> float:
   """Host-to-device link bandwidth: `jax.device_put` of a host float32 numpy array of `nbytes`
   (ordinary pageable memory, as a streamed shard is) to device 0, blocked on; the fewest seconds
@@ -150,13 +171,17 @@ def host_to_device_gb_per_s(nbytes: int = 1 << 30, repeats: int = 3) -> float:
 
 def stream_bandwidth(peaks: dict[str, Any]) -> dict[str, Any]:
   """The bandwidth a stream of host-resident rows (memory-mapped shards) can reach on device 0:
-  on a CPU the memory bandwidth of `peaks` (`measure_peaks`: a copy with every core); on an
-  accelerator the host-to-device link measured now (`host_to_device_gb_per_s`).
+  on a CPU the memory read bandwidth of `peaks` (`measure_peaks`: a sum with every core or XLA,
+  the larger; the copy rate where no read rate was measured); on an accelerator the
+  host-to-device link measured now (`host_to_device_gb_per_s`).
 
   Returns:
     {"gb_per_s", "source": what was measured, "link_gb_per_s": the link (None on a CPU)}.
   """
   if jax.devices()[0].platform == "cpu":
+    if peaks.get("read_gb_per_s"):
+      return {"gb_per_s": peaks["read_gb_per_s"], "link_gb_per_s": None,
+              "source": "host memory: a read (sum) with every core or XLA (timing.measure_peaks)"}
     return {"gb_per_s": peaks["gb_per_s"], "link_gb_per_s": None,
             "source": "host memory: a copy with every core (timing.measure_peaks)"}
   link = host_to_device_gb_per_s()
@@ -169,35 +194,44 @@ def measure_peaks(repeats: int = 5) -> dict[str, Any]:
   the backend's default precision (TF32 on GPUs) and bf16 (float32 accumulation) square matmuls;
   best of `repeats` calls each.
 
-  Bandwidth counts bytes read plus bytes written by a copy. On a CPU it is the larger of a copy
-  by every core at once (`host_copy_gb_per_s`) and XLA's copy (`x * 1`), so no memory-bound
-  code of the run can beat it by using other threads; on an accelerator, a device-to-device copy
-  by XLA. Sizes: 256 MiB and n = 2,048 on CPU, 1 GiB and n = 8,192 on accelerators.
+  Two bandwidths. `gb_per_s` counts bytes read plus bytes written by a copy: on a CPU the larger
+  of a copy by every core at once (`host_copy_gb_per_s`) and XLA's copy (`x * 1`); on an
+  accelerator, a device-to-device copy by XLA. `read_gb_per_s`, the bound of every memory-limited
+  scan (a scan only reads): a reduction (sum) of a float32 array, by XLA, and on a CPU also by
+  every core at once (`host_read_gb_per_s`), the larger kept, so no memory-bound code of the run
+  can beat it by using other threads. Sizes: 256 MiB and n = 2,048 on CPU, 1 GiB and n = 8,192
+  on accelerators.
 
   Returns:
-    {"gb_per_s", "f32_gflops", "bf16_gflops", "default_gflops", "source": "measured",
-     "copy": how measured}.
+    {"gb_per_s", "read_gb_per_s", "f32_gflops", "bf16_gflops", "default_gflops",
+     "source": "measured", "copy": how measured, "read": how measured}.
   """
   cpu = jax.devices()[0].platform == "cpu"
   words, n = (1 << 26, 2048) if cpu else (1 << 28, 8192)
   x = jax.random.uniform(jax.random.key(1), (words,), jnp.float32)  # not zeros (METHOD)
   xla = 2 * 4 * words / best_s(lambda: _copy(x), repeats) / 1e9
+  xla_read = 4 * words / best_s(lambda: _read(x), repeats) / 1e9
   del x
   copy = {"xla_gb_per_s": round(xla, 2)}
+  read = {"xla_gb_per_s": round(xla_read, 2), "how": "sum of a float32 array"}
   if cpu:
-    copy["threads"] = os.cpu_count()
+    copy["threads"] = read["threads"] = os.cpu_count()
     copy["all_cores_gb_per_s"] = round(host_copy_gb_per_s(words, repeats), 2)
+    read["all_cores_gb_per_s"] = round(host_read_gb_per_s(words, repeats), 2)
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   f32 = best_s(lambda: _matmul(a, a), repeats)
   default = best_s(lambda: _matmul_default(a, a), repeats)
   b = a.astype(jnp.bfloat16)
   bf16 = best_s(lambda: _matmul(b, b), repeats)
   return {"gb_per_s": max(xla, copy.get("all_cores_gb_per_s", 0.0)),
+          "read_gb_per_s": max(xla_read, read.get("all_cores_gb_per_s", 0.0)),
           "f32_gflops": 2 * n ** 3 / f32 / 1e9, "bf16_gflops": 2 * n ** 3 / bf16 / 1e9,
-          "default_gflops": 2 * n ** 3 / default / 1e9, "source": "measured", "copy": copy}
+          "default_gflops": 2 * n ** 3 / default / 1e9, "source": "measured", "copy": copy,
+          "read": read}
 
 
 _copy = jax.jit(lambda v: v * 1.0)
+_read = jax.jit(jnp.sum)
 _matmul = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precision.HIGHEST,
                                           preferred_element_type=jnp.float32))
 # float32 operands at the backend's default precision (CPU: float32; GPU: TF32; TPU: bf16 passes)
@@ -214,11 +248,17 @@ def peak_probes() -> tuple[dict[str, Callable[[], Any]], float]:
   return {"peak_f32": lambda: _matmul(a, a), "peak_bf16": lambda: _matmul(b, b)}, 2.0 * n ** 3
 
 
-def with_interleaved_peaks(peaks: dict[str, Any], ms: dict[str, float], flops: float) -> dict:
+def with_interleaved_peaks(peaks: dict[str, Any], ms: dict[str, float], flops: float,
+                           read_bytes: float | None = None) -> dict:
   """`peaks` with each matmul peak raised to the rate of its probe timed in `ms` (the fastest ms
-  of "peak_f32" / "peak_bf16", from `peak_probes`) where that is higher: the largest rate
-  measured, so the roofline bound stays a bound on a machine whose load drifts."""
+  of "peak_f32" / "peak_bf16", from `peak_probes`) where that is higher, and the read bandwidth
+  to that of "peak_read" (`read_probe`, `read_bytes` per call): the largest rate measured, so the
+  roofline bound stays a bound on a machine whose load drifts."""
   out = dict(peaks)
+  if read_bytes and ms.get("peak_read"):
+    rate = read_bytes / ms["peak_read"] / 1e6
+    out["read_gb_per_s"] = max(out.get("read_gb_per_s") or 0.0, rate)
+    out["read_gb_per_s_interleaved"] = round(rate, 2)
   for key, probe in (("f32_gflops", "peak_f32"), ("bf16_gflops", "peak_bf16")):
     if ms.get(probe):
       rate = flops / ms[probe] / 1e6
@@ -229,27 +269,34 @@ def with_interleaved_peaks(peaks: dict[str, Any], ms: dict[str, float], flops: f
 
 def roofline(flops: float, bytes_read: float, dtype: str, peaks: dict[str, Any]) -> dict:
   """The least time a computation can take on this device: max(FLOPs / the measured matmul peak
-  at `dtype`, bytes that must be read / the measured bandwidth), in ms.
+  at `dtype`, bytes that must be read / the measured READ bandwidth), in ms.
 
   Args:
     flops: floating-point operations the computation must do (2 per multiply-add).
-    bytes_read: bytes it must read from memory (each input once).
-    dtype: "float32" or "bfloat16", the dtype of its matmul operands; "default": float32
-      operands at the backend's default precision (TF32 on GPUs).
-    peaks: `measure_peaks()`.
+    bytes_read: bytes it must read from memory (each input once, nothing counted twice).
+    dtype: the precision its matmuls run at: "float32" (float32 operands, float32 products:
+      `Precision.HIGHEST`), "bfloat16" (bf16 operands, float32 accumulation) or "default"
+      (float32 operands at the backend's default precision: TF32 on GPUs).
+    peaks: `measure_peaks()` (maybe raised by `with_interleaved_peaks`); the bandwidth is its
+      `read_gb_per_s` (a reduction: reads only), or its copy rate `gb_per_s` where absent.
 
   Returns:
     {"bound_ms", "bound_compute_ms", "bound_memory_ms", "bound_limit" ("compute" / "memory"),
-     "peak_flops" (FLOP/s), "bandwidth_gbs"}.
+     "peak_flops" (FLOP/s), "bandwidth_gbs", "bandwidth_kind" ("read" / "copy")}.
   """
+  if dtype not in ("float32", "bfloat16", "default"):
+    raise ValueError(f"dtype must be float32, bfloat16 or default, got {dtype!r}")
   key = {"bfloat16": "bf16_gflops", "default": "default_gflops"}.get(dtype, "f32_gflops")
   peak = (peaks.get(key) or peaks["f32_gflops"]) * 1e9
+  kind = "read" if peaks.get("read_gb_per_s") else "copy"
+  bandwidth = peaks["read_gb_per_s"] if kind == "read" else peaks["gb_per_s"]
   compute = flops / peak * 1e3
-  memory = bytes_read / (peaks["gb_per_s"] * 1e9) * 1e3
+  memory = bytes_read / (bandwidth * 1e9) * 1e3
   return {"bound_ms": round(max(compute, memory), 4), "bound_compute_ms": round(compute, 4),
           "bound_memory_ms": round(memory, 4),
           "bound_limit": "compute" if compute >= memory else "memory",
-          "peak_flops": round(peak, -6), "bandwidth_gbs": round(peaks["gb_per_s"], 2)}
+          "peak_flops": round(peak, -6), "bandwidth_gbs": round(bandwidth, 2),
+          "bandwidth_kind": kind}
 
 
 def fractions(gflops: float, gb_per_s: float, dtype: str, peaks: dict[str, Any]) -> dict:
@@ -277,7 +324,8 @@ def peaks_line(peaks: dict[str, Any]) -> str:
       detail = (f" (XLA copy {how['xla_gb_per_s']:.1f}"
                 + (f", {how['threads']} threads {how['all_cores_gb_per_s']:.1f}"
                    if "threads" in how else "") + ")") if how else ""
-      parts.append(f"{name}: copy {p['gb_per_s']:.1f} GB/s{detail}, float32 matmul "
+      read = f"read {p['read_gb_per_s']:.1f} GB/s, " if p.get("read_gb_per_s") else ""
+      parts.append(f"{name}: {read}copy {p['gb_per_s']:.1f} GB/s{detail}, float32 matmul "
                    f"{p['f32_gflops']:.0f} GFLOP/s, bf16 {bf} GFLOP/s ({p['source']})")
     else:
       parts.append(f"{name}: device not in the table")

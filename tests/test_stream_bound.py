@@ -13,6 +13,9 @@ def test_stream_bandwidth_is_the_memory_copy_on_a_cpu():
   got = timing.stream_bandwidth(peaks)
   assert got["gb_per_s"] == 12.5 and got["link_gb_per_s"] is None
   assert "every core" in got["source"]
+  # a stream only reads: the read rate where one was measured
+  got = timing.stream_bandwidth(peaks | {"read_gb_per_s": 16.0})
+  assert got["gb_per_s"] == 16.0 and "read" in got["source"]
 
 
 def test_host_to_device_probe_counts_the_bytes_moved(monkeypatch):

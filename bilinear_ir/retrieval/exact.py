@@ -35,6 +35,10 @@ Speed (CPU): XLA's float32 matmul runs near the core's peak, so the scan costs t
 the selection (block maxima, one small `lax.top_k` per chunk, gathers); `lax.top_k` runs on one
 thread. On GPUs the selection of small k is k fused argmax passes instead (`default_selection`). `certified.bf16_topk` gives the same exact float32 result from a bf16 scan (2-3x faster
 matmuls on CPUs with AVX512-BF16) plus a float32 rescoring of a few candidates per query.
+
+Strategies (`topk(strategy=...)`, `default_strategy`): "xla", the chunked scan above; "pallas",
+`fused_topk`, a fused scan-and-select kernel (`pallas_topk`) that streams the doc table once and
+writes only each doc block's k best per query, merged here: the same exact float32 result.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ import numpy as np
 from jax import lax
 
 from bilinear_ir.errors import input_error
+from bilinear_ir.retrieval import pallas_topk
 
 DEFAULT_CHUNK = 8192        # doc rows per scan step for k <= 64: [B, chunk] scores live at once
 MAX_CHUNK = 32768           # largest default chunk on CPU (k > 256 then prunes with smaller blocks)
@@ -58,6 +63,7 @@ DEFAULT_QUERY_CHUNK = 1024  # queries per scan
 MAX_BLOCK = 32              # largest block of docs summarised by its maximum
 ARGMAX_MAX_K = 16           # GPUs: k up to this selects by k argmax passes (`selection`)
 SELECTIONS = ("top_k", "argmax")  # how the scan picks its k best blocks and docs (`selection`)
+STRATEGIES = ("xla", "pallas")  # the XLA chunked scan, or the fused Pallas kernel (`strategy`)
 PRECISION = lax.Precision.HIGHEST  # float32 score matmuls on every backend (module docstring)
 NO_DOC = np.iinfo(np.int32).max  # id of a padding slot (only returned when fewer than k docs)
 
@@ -160,6 +166,46 @@ def default_selection(k: int, platform: str | None = None) -> str:
   if (platform or jax.default_backend()) == "gpu" and k <= ARGMAX_MAX_K:
     return "argmax"
   return "top_k"
+
+
+def default_strategy(k: int, platform: str | None = None) -> str:
+  """Which scan `topk` runs, per device: "xla" (`scan_topk`) or "pallas" (`fused_topk`: the
+  fused scan-and-select kernel, `pallas_topk.block_candidates`, + `merge`; the same result).
+
+  "xla" on every device until the Pallas kernel is measured faster on one (it is compiled only
+  for GPUs; on a CPU it runs in Pallas interpret mode, for tests only).
+
+  Args:
+    k: results per query.
+    platform: "cpu", "gpu", "tpu" (None: jax's default backend).
+  """
+  del k, platform
+  return "xla"
+
+
+def fused_topk(qt: jax.Array, dt: jax.Array, k: int, tiles: pallas_topk.Tiles | None = None,
+                id_offset=0, interpret: bool | None = None) -> TopK:
+  """Exact top-k by the fused Pallas scan-and-select kernel: qt [B, w], dt [N, w] -> TopK [B, k].
+
+  Each doc block's k best per query come from the kernel (`pallas_topk.block_candidates`), then
+  `merge` orders all [B, blocks k] candidates by (score desc, id asc). Ties by lower id; slots
+  past N (k > N) get -inf and NO_DOC. Traceable.
+
+  Args:
+    qt: [B, w]; dt: [N, w] float32 or bfloat16; k: results per query.
+    tiles: `pallas_topk.Tiles` (None: `pallas_topk.default_tiles(B, w)`).
+    id_offset: added to every real id.
+    interpret: Pallas interpret mode (None: unless the default backend is a GPU).
+  """
+  tiles = pallas_topk.default_tiles(*qt.shape) if tiles is None else tiles
+  interpret = pallas_topk.interpret_default() if interpret is None else interpret
+  scores, ids = pallas_topk.block_candidates(qt, dt, k, tiles, NO_DOC, interpret)
+  if scores.shape[1] < k:  # fewer candidates than k (k > N): pad
+    pad = k - scores.shape[1]
+    scores = jnp.pad(scores, ((0, 0), (0, pad)), constant_values=-jnp.inf)
+    ids = jnp.pad(ids, ((0, 0), (0, pad)), constant_values=NO_DOC)
+  res = merge(scores, ids, k)
+  return TopK(res.scores, jnp.where(res.ids == NO_DOC, NO_DOC, res.ids + id_offset))
 
 
 def argmax_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -411,9 +457,13 @@ def _topk_jit(qt, dt, row_valid, k, chunk, block, id_offset, unroll=None, select
                    selection=selection)
 
 
+_pallas_jit = jax.jit(fused_topk, static_argnames=("k", "tiles", "interpret"))
+
+
 def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int | None = None,
          query_chunk: int = DEFAULT_QUERY_CHUNK, id_offset: int = 0,
-         row_valid=None, unroll: bool | None = None, selection: str | None = None) -> TopK:
+         row_valid=None, unroll: bool | None = None, selection: str | None = None,
+         strategy: str | None = None, tiles: pallas_topk.Tiles | None = None) -> TopK:
   """Exact top-k by a chunked scan: qt [B, w], dt [N, w] -> TopK [B, k].
 
   Memory: one [min(B, query_chunk), chunk] score block at a time (plus the tables).
@@ -429,6 +479,9 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     query_chunk: queries per scan (queries are tiled; the last tile is padded, not recompiled).
     id_offset: added to every returned id.
     row_valid: None or [N] bool; False rows are never returned (they must leave >= k rows).
+    strategy: "xla" (the chunked scan) or "pallas" (the fused kernel, `pallas_topk`; chunk,
+      block, unroll, selection and row_valid do not apply) (None: `default_strategy`).
+    tiles: the Pallas kernel's `pallas_topk.Tiles` (None: `pallas_topk.default_tiles`).
 
   Returns:
     TopK(scores [B, k] float32 descending, ids [B, k] int32), ties by lower id first.
@@ -445,6 +498,10 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
   if (chunk is not None and chunk < 1) or query_chunk < 1 or (block is not None and block < 1):
     raise input_error("chunk, query_chunk and block must be >= 1", file="retrieval",
                       field="chunk")
+  strategy = default_strategy(k) if strategy is None else strategy
+  if strategy not in STRATEGIES or (strategy == "pallas" and row_valid is not None):
+    raise input_error(f"must be one of {STRATEGIES} (pallas: without row_valid), got "
+                      f"{strategy!r}", file="retrieval", field="strategy")
   qt = jnp.asarray(query_table)
   dt = jnp.asarray(doc_table)
   parts = []
@@ -453,8 +510,12 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     size = tile.shape[0]
     if qt.shape[0] > query_chunk and size < query_chunk:
       tile = jnp.pad(tile, ((0, query_chunk - size), (0, 0)))
-    res = _topk_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset), unroll,
-                    selection)
+    if strategy == "pallas":
+      res = _pallas_jit(tile, dt, k, tiles, jnp.int32(id_offset),
+                        pallas_topk.interpret_default())
+    else:
+      res = _topk_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset), unroll,
+                      selection)
     parts.append(TopK(res.scores[:size], res.ids[:size]))
   if len(parts) == 1:
     return parts[0]

@@ -78,7 +78,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bilinear_ir.errors import require
-from bilinear_ir.retrieval import exact
+from bilinear_ir.retrieval import exact, pallas_topk
 from bilinear_ir.scorers.mol import outer_logits
 
 DEFAULT_CHUNK = 4096  # items (candidates) per step of the approximate algorithms' scans
@@ -124,7 +124,11 @@ def avg_block(platform: str | None = None) -> int:
   return AVG_BLOCK if (platform or jax.default_backend()) == "gpu" else 1
 
 
-def avg_top_n(scores: jnp.ndarray, n: int, block: int | None = None) -> jnp.ndarray:
+SELECTION_STRATEGIES = ("xla", "pallas")  # TopKAvg's top-N selection (`avg_top_n`)
+
+
+def avg_top_n(scores: jnp.ndarray, n: int, block: int | None = None,
+              strategy: str = "xla") -> jnp.ndarray:
   """TopKAvg's candidate set: ids [B, n] of the n best mean logits, as `lax.top_k` ranks them.
 
   Args:
@@ -132,7 +136,14 @@ def avg_top_n(scores: jnp.ndarray, n: int, block: int | None = None) -> jnp.ndar
     n: N of TopKAvg (n <= N).
     block: items per block (None: `avg_block()`, capped by `exact.default_block` so the k
       best blocks stay a quarter of the row at most; 1: `lax.top_k`).
+    strategy: "xla" (`lax.top_k` or the block selection) or "pallas" (`pallas_topk.select_top_n`:
+      a Pallas kernel finds each row's n-th value, then the kept entries are sorted; `block`
+      does not apply). The same ids either way.
   """
+  require(strategy in SELECTION_STRATEGIES,
+          f"must be one of {SELECTION_STRATEGIES}, got {strategy!r}", field="strategy")
+  if strategy == "pallas":
+    return pallas_topk.select_top_n(scores, n)[1]
   block = min(avg_block() if block is None else block, exact.default_block(n, scores.shape[1]))
   if block == 1:
     return jax.lax.top_k(scores, n)[1]
@@ -482,8 +493,10 @@ def _exact_two_pass(src: Source, k: int, max_range: int, chunk: int) -> MolTopK:
   return MolTopK(ids, scores, zero, zero, overflow)
 
 
-def _approx(src: Source, k: int, n1: int, n2: int, tight: bool, chunk: int) -> MolTopK:
-  """CombTopK(n1, n2) with its gap bounds; n2 = 0 is TopKPerEmbd(n1), n1 = 0 is TopKAvg(n2)."""
+def _approx(src: Source, k: int, n1: int, n2: int, tight: bool, chunk: int,
+            selection: str = "xla") -> MolTopK:
+  """CombTopK(n1, n2) with its gap bounds; n2 = 0 is TopKPerEmbd(n1), n1 = 0 is TopKAvg(n2);
+  `selection`: the strategy of the top-n2 selection (`avg_top_n`)."""
   num_items = src.num_items
   batch = src.logits(0, 1).shape[0]
   num_p = src.logits(0, 1).shape[-1]
@@ -491,7 +504,8 @@ def _approx(src: Source, k: int, n1: int, n2: int, tight: bool, chunk: int) -> M
   cand = []
   excluded = None
   if n2:
-    avg_ids = avg_top_n(src.avg_scores(0, num_items), n2)  # one [B, N] matmul + top-N
+    avg_ids = avg_top_n(src.avg_scores(0, num_items), n2,  # one [B, N] matmul + top-N
+                        strategy=selection)
     cand.append(avg_ids)
     if tight:
       rows = jnp.arange(batch)[:, None]
@@ -549,9 +563,9 @@ def topk_per_embedding(src: Source, k: int, n: int, chunk: int = DEFAULT_CHUNK) 
   return _approx(src, k, n, 0, True, chunk)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "n", "tight_bound", "chunk"))
+@functools.partial(jax.jit, static_argnames=("k", "n", "tight_bound", "chunk", "selection"))
 def topk_avg(src: Source, k: int, n: int, tight_bound: bool = True,
-             chunk: int = DEFAULT_CHUNK) -> MolTopK:
+             chunk: int = DEFAULT_CHUNK, selection: str = "xla") -> MolTopK:
   """TopKAvg(N): the top N by the mean logit (one inner product per item), re-scored by MoL.
 
   Args:
@@ -561,18 +575,20 @@ def topk_avg(src: Source, k: int, n: int, tight_bound: bool = True,
     tight_bound: compute Theorem 3's bound (a scan of every item's P logits, which costs more than
       TopKAvg itself); False reports +inf.
     chunk: items per step.
+    selection: the top-N selection's strategy, "xla" or "pallas" (`avg_top_n`; the same ids).
 
   Returns:
     `MolTopK`; gap_bound_retrieved uses the largest possible logit (1 / temperature).
   """
   _check(k, n)
   require(n >= 1, f"must be >= 1, got {n}", field="n")
-  return _approx(src, k, 0, n, tight_bound, chunk)
+  return _approx(src, k, 0, n, tight_bound, chunk, selection)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "n1", "n2", "tight_bound", "chunk"))
+@functools.partial(jax.jit, static_argnames=("k", "n1", "n2", "tight_bound", "chunk",
+                                             "selection"))
 def comb_topk(src: Source, k: int, n1: int, n2: int, tight_bound: bool = True,
-              chunk: int = DEFAULT_CHUNK) -> MolTopK:
+              chunk: int = DEFAULT_CHUNK, selection: str = "xla") -> MolTopK:
   """CombTopK(N1, N2): union of TopKPerEmbd(N1) and TopKAvg(N2) candidates, re-scored by MoL.
 
   Args:
@@ -583,10 +599,11 @@ def comb_topk(src: Source, k: int, n1: int, n2: int, tight_bound: bool = True,
     tight_bound: compute Theorem 3's S' (one more top-(N1+1) per component, of the logits of the
       items outside the TopKAvg set); False reports +inf.
     chunk: items per step.
+    selection: the top-N2 selection's strategy, "xla" or "pallas" (`avg_top_n`; the same ids).
 
   Returns:
     `MolTopK`; gap_bound_retrieved uses the N1-th value of each component.
   """
   _check(k, n1, n2)
   require(n1 >= 1 and n2 >= 1, f"needs n1, n2 >= 1, got {n1}, {n2}", field="n")
-  return _approx(src, k, n1, n2, tight_bound, chunk)
+  return _approx(src, k, n1, n2, tight_bound, chunk, selection)

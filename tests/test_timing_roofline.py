@@ -1,0 +1,43 @@
+"""`timing.roofline` with known numbers: the compute term at the peak of the case's precision,
+the memory term at the read-only bandwidth, and the larger of the two as the bound."""
+import pytest
+
+from bilinear_ir import timing
+
+PEAKS = {"f32_gflops": 50_000.0, "bf16_gflops": 800_000.0, "default_gflops": 400_000.0,
+         "gb_per_s": 3_000.0, "read_gb_per_s": 4_000.0}
+
+
+def test_memory_bound_uses_the_read_bandwidth():
+  # 8 x 1M x 384 float32: 1.536e9 table bytes at 4,000 GB/s (not the 3,000 GB/s copy rate) =
+  # 0.384 ms; 6.144e9 FLOPs at 50 TFLOP/s = 0.12288 ms (rounded to 4 decimals)
+  b = timing.roofline(6.144e9, 1.536e9, "float32", PEAKS)
+  assert b["bound_memory_ms"] == pytest.approx(0.384)
+  assert b["bound_compute_ms"] == pytest.approx(0.1229)
+  assert b["bound_ms"] == pytest.approx(0.384) and b["bound_limit"] == "memory"
+  assert b["bandwidth_gbs"] == 4000.0 and b["bandwidth_kind"] == "read"
+
+
+@pytest.mark.parametrize("dtype,gflops", [("float32", 50_000.0), ("bfloat16", 800_000.0),
+                                          ("default", 400_000.0)])
+def test_compute_bound_takes_the_peak_of_the_precision(dtype, gflops):
+  # 1,000 x 200k x 384: 1.536e11 FLOPs
+  b = timing.roofline(1.536e11, 3.072e8, dtype, PEAKS)
+  assert b["bound_compute_ms"] == pytest.approx(1.536e11 / (gflops * 1e9) * 1e3, abs=1e-4)
+  assert b["peak_flops"] == gflops * 1e9
+  assert b["bound_ms"] == max(b["bound_compute_ms"], b["bound_memory_ms"])
+
+
+def test_copy_rate_only_without_a_read_probe_and_bad_dtype():
+  peaks = {k: v for k, v in PEAKS.items() if k != "read_gb_per_s"}
+  b = timing.roofline(0.0, 3e9, "float32", peaks)
+  assert b["bound_memory_ms"] == pytest.approx(1.0) and b["bandwidth_kind"] == "copy"
+  with pytest.raises(ValueError):
+    timing.roofline(1.0, 1.0, "tf32", PEAKS)
+
+
+def test_interleaved_read_probe_raises_the_bandwidth_only():
+  out = timing.with_interleaved_peaks(PEAKS, {"peak_read": 0.25}, 1.0, read_bytes=1.5e9)
+  assert out["read_gb_per_s"] == pytest.approx(6000.0)  # faster than at the start: raised
+  out = timing.with_interleaved_peaks(PEAKS, {"peak_read": 1.0}, 1.0, read_bytes=1.5e9)
+  assert out["read_gb_per_s"] == 4000.0 and out["read_gb_per_s_interleaved"] == 1500.0
