@@ -6,6 +6,7 @@ Every file the project writes goes through `atomic_write*` (temp file in the sam
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno as errno_lib
 import hashlib
 import json
@@ -103,11 +104,31 @@ def atomic_path(path: str) -> Iterator[str]:
     raise refused from None
 
 
+_RENAME_EXCHANGE = 2  # renameat2's flag (Linux >= 3.15): swap two paths in one step
+_AT_FDCWD = -100
+
+
+def _exchange(a: str, b: str) -> bool:
+  """Swaps the folders `a` and `b` atomically (Linux `renameat2(RENAME_EXCHANGE)`); False where
+  the system or file system does not offer it."""
+  renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+  if renameat2 is None:
+    return False
+  if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    return True
+  code = ctypes.get_errno()
+  if code in (errno_lib.EINVAL, errno_lib.ENOSYS, errno_lib.ENOTSUP):
+    return False
+  raise OSError(code, os.strerror(code), b)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str) -> Iterator[str]:
-  """Yields a temporary folder next to `path`; if the block succeeds it replaces `path` (an
-  existing folder there is removed), else it is removed. Readers never see a half-written
-  folder. A refused write (full disk, read-only folder, ...) raises `WriteError` naming `path`."""
+  """Yields a temporary folder next to `path`; if the block succeeds it replaces `path`, else it
+  is removed. Readers never see a half-written folder, and `path` never goes missing: the new
+  folder is swapped into place in one step (`renameat2(RENAME_EXCHANGE)`; where the system lacks
+  it, the old folder is first renamed aside) and the old one is removed after it. A refused write
+  (full disk, read-only folder, ...) raises `WriteError` naming `path`."""
   path = os.path.abspath(path)
   parent = os.path.dirname(path)
   tmp = None
@@ -116,9 +137,18 @@ def atomic_dir(path: str) -> Iterator[str]:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
     yield tmp
-    if os.path.exists(path):
-      shutil.rmtree(path)
-    os.replace(tmp, path)
+    old = None
+    if not os.path.exists(path):
+      os.replace(tmp, path)
+    elif _exchange(tmp, path):
+      old = tmp  # the old folder, swapped out
+    else:
+      old = tempfile.mkdtemp(prefix=".old-", dir=parent)
+      os.replace(path, os.path.join(old, "old"))
+      os.replace(tmp, path)
+    tmp = None
+    if old is not None:  # removed only once the new folder is in place
+      shutil.rmtree(old, ignore_errors=True)
   except BaseException as e:
     if tmp is not None:
       shutil.rmtree(tmp, ignore_errors=True)
