@@ -1,4 +1,5 @@
-"""File helpers shared by every stage: atomic writes, hashing, safe zip members, safe `.npy` I/O.
+"""File helpers shared by every stage: atomic writes, hashing, streamed and safe zip members, safe
+`.npy` I/O.
 
 Every file the project writes goes through `atomic_write*` (temp file in the same folder, then
 `os.replace`), so an interrupted or failed job never leaves a half-written result.
@@ -16,7 +17,8 @@ import re
 import shutil
 import tempfile
 import zipfile
-from typing import Any, Iterator
+import zlib
+from typing import IO, Any, Iterator
 
 import jax
 import numpy as np
@@ -300,23 +302,39 @@ def safe_member_name(zip_path: str, name: str) -> str:
   return norm
 
 
-def read_zip_members(zip_path: str) -> dict[str, bytes]:
-  """Reads every file member of a zip into memory after checking each name for traversal.
-
-  Returns:
-    `{member name: bytes}` for the regular files of the archive.
-  """
+def zip_names(zip_path: str) -> list[str]:
+  """The regular-file members of a zip, each name checked against path traversal
+  (`safe_member_name`); the archive's directory only is read, no member's data."""
   try:
     with zipfile.ZipFile(zip_path) as zf:
-      out = {}
-      for info in zf.infolist():
-        name = safe_member_name(zip_path, info.filename)
-        if info.is_dir():
-          continue
-        out[name] = zf.read(info)
-      return out
+      return [safe_member_name(zip_path, info.filename) for info in zf.infolist()
+              if not info.is_dir()]
   except zipfile.BadZipFile as e:
     raise input_error(f"not a valid zip file ({e})", file=zip_path) from e
+
+
+@contextlib.contextmanager
+def open_zip_member(zip_path: str, name: str) -> Iterator[IO[bytes]]:
+  """Yields member `name` of a zip as a binary stream, inflated as it is read (never whole: a
+  member that inflates to more than memory holds is read as any file is); a corrupt archive is
+  an `InputError` naming the member."""
+  try:
+    with zipfile.ZipFile(zip_path) as zf, zf.open(name) as f:
+      yield f
+  except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+    raise input_error(f"corrupt zip member ({e})", file=zip_path,
+                      record=f"member {name!r}") from e
+
+
+def read_zip_member(zip_path: str, name: str, limit: int) -> bytes:
+  """The bytes of member `name`, streamed; more than `limit` bytes is an `InputError` (the
+  member is never inflated beyond it)."""
+  with open_zip_member(zip_path, name) as f:
+    data = f.read(limit + 1)
+  if len(data) > limit:
+    raise input_error(f"member larger than {limit >> 20} MiB (data.max_record_mib)",
+                      file=zip_path, record=f"member {name!r}")
+  return data
 
 
 def decode_utf8(data: bytes, file: str, record: object = None) -> str:
