@@ -4,8 +4,8 @@ of one 3 GiB line. Each ends in one stderr line and exit code 2, no traceback, i
 and a `MemoryError` (the record limit raised above what memory holds) ends the same way, naming
 what was being read.
 
-jax imports and runs under the limit (its CPU client reserves little address space); the child's
-peak RSS (`os.wait4`) is printed (`pytest -s`) and bounded.
+jax imports and runs under the limit (its CPU client reserves little address space); the job's
+peak RSS is printed (`pytest -s`) and bounded.
 """
 import json
 import os
@@ -27,20 +27,24 @@ def _limited():
   resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
 
 
+# Runs argv[1:] and prints its peak RSS in KiB: a small process between pytest and the job, so the
+# job's peak is its own (a child forked from pytest would count pytest's memory as its own).
+_LAUNCHER = ("import resource, subprocess, sys\n"
+             "code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+             "sys.exit(code)\n")
+
+
 def _stats(tmp_path, fmt: str, path: str, *extra: str) -> tuple[int, str, float]:
   """Runs the collection_stats job on `path` under the limit: (exit code, stderr, peak RSS MiB)."""
   env = dict(os.environ, PYTHONPATH=REPO)
   env.pop("XLA_FLAGS", None)
-  err = tmp_path / "stderr.txt"
-  with open(err, "wb") as f:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bilinear_ir.main", "--config=configs/collection_stats.py",
-         f"--config.data.format={fmt}", f"--config.data.path={path}",
-         f"--workdir={tmp_path / 'w'}", *extra],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=f, preexec_fn=_limited)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-  return proc.returncode, err.read_text(errors="replace"), usage.ru_maxrss / 1024
+  proc = subprocess.run(
+      [sys.executable, "-c", _LAUNCHER, sys.executable, "-m", "bilinear_ir.main",
+       "--config=configs/collection_stats.py", f"--config.data.format={fmt}",
+       f"--config.data.path={path}", f"--workdir={tmp_path / 'w'}", *extra],
+      cwd=REPO, env=env, capture_output=True, text=True, preexec_fn=_limited, timeout=300)
+  return proc.returncode, proc.stderr, int(proc.stdout.split()[-1]) / 1024
 
 
 def _one_line(code: int, stderr: str, rss: float, what: str, *words: str) -> str:
