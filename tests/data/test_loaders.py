@@ -511,3 +511,22 @@ def test_scifact_members_are_read_up_to_the_record_limit():
   with pytest.raises(InputError, match=r"scifact\.zip: member 'corpus_train\.csv': member "
                                        r"larger than 4 MiB"):
     loaders.load(config)
+
+
+def test_a_trec_doc_longer_than_the_record_limit_is_a_located_error(tmp_path):
+  """TREC SGML streams `<DOC>` by `<DOC>`: a doc of short lines longer than the limit in all is
+  refused at the line it starts on; the docs around it read as usual below the limit."""
+  def folder(name, lines):
+    f = tmp_path / name
+    _robust(f)
+    _write(f / "docs" / "b.sgml", "<DOC>\n<DOCNO>LA-9</DOCNO><TEXT>x</TEXT>\n</DOC>\n<DOC>\n"
+           "<DOCNO>LA-3</DOCNO>\n<TEXT>\n" + ("word " * 200 + "\n") * lines + "</TEXT>\n</DOC>\n")
+    config = _config("trec", str(f))
+    config.max_record_mib = 1
+    return config
+  with pytest.raises(InputError) as e:
+    loaders.load(folder("over", 1100))  # 1,100 lines of 1,001 bytes: over 1 MiB
+  expect_located(str(e.value), "b.sgml", "line 4:", "")
+  assert "a record longer than 1 MiB" in str(e.value)
+  c = loaders.load(folder("under", 1000))
+  assert c.doc_ids[-2:] == ["LA-9", "LA-3"] and c.texts[-1] == " ".join(["word"] * 200_000)
