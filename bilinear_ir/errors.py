@@ -4,7 +4,9 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 
 class InputError(ValueError):
@@ -80,3 +82,15 @@ def require(condition: bool, message: str, *, file: str | None = "config",
   """
   if not condition:
     raise input_error(message, file=file, field=field)
+
+
+@contextlib.contextmanager
+def doing(what: str) -> Iterator[None]:
+  """A `MemoryError` raised in the block is labelled with `what` ("reading corpus.jsonl"),
+  unless a block inside labelled it first: `main` names it in its one line (exit code 2)."""
+  try:
+    yield
+  except MemoryError as e:
+    if not getattr(e, "doing", None):
+      e.doing = what
+    raise

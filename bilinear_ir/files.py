@@ -1,4 +1,5 @@
-"""File helpers shared by every stage: atomic writes, hashing, safe zip members, safe `.npy` I/O.
+"""File helpers shared by every stage: atomic writes, hashing, streamed and safe zip members, safe
+`.npy` I/O.
 
 Every file the project writes goes through `atomic_write*` (temp file in the same folder, then
 `os.replace`), so an interrupted or failed job never leaves a half-written result.
@@ -6,6 +7,7 @@ Every file the project writes goes through `atomic_write*` (temp file in the sam
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno as errno_lib
 import hashlib
 import json
@@ -15,7 +17,8 @@ import re
 import shutil
 import tempfile
 import zipfile
-from typing import Any, Iterator
+import zlib
+from typing import IO, Any, Iterator
 
 import jax
 import numpy as np
@@ -103,11 +106,31 @@ def atomic_path(path: str) -> Iterator[str]:
     raise refused from None
 
 
+_RENAME_EXCHANGE = 2  # renameat2's flag (Linux >= 3.15): swap two paths in one step
+_AT_FDCWD = -100
+
+
+def _exchange(a: str, b: str) -> bool:
+  """Swaps the folders `a` and `b` atomically (Linux `renameat2(RENAME_EXCHANGE)`); False where
+  the system or file system does not offer it."""
+  renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+  if renameat2 is None:
+    return False
+  if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    return True
+  code = ctypes.get_errno()
+  if code in (errno_lib.EINVAL, errno_lib.ENOSYS, errno_lib.ENOTSUP):
+    return False
+  raise OSError(code, os.strerror(code), b)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str) -> Iterator[str]:
-  """Yields a temporary folder next to `path`; if the block succeeds it replaces `path` (an
-  existing folder there is removed), else it is removed. Readers never see a half-written
-  folder. A refused write (full disk, read-only folder, ...) raises `WriteError` naming `path`."""
+  """Yields a temporary folder next to `path`; if the block succeeds it replaces `path`, else it
+  is removed. Readers never see a half-written folder, and `path` never goes missing: the new
+  folder is swapped into place in one step (`renameat2(RENAME_EXCHANGE)`; where the system lacks
+  it, the old folder is first renamed aside) and the old one is removed after it. A refused write
+  (full disk, read-only folder, ...) raises `WriteError` naming `path`."""
   path = os.path.abspath(path)
   parent = os.path.dirname(path)
   tmp = None
@@ -116,9 +139,18 @@ def atomic_dir(path: str) -> Iterator[str]:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
     yield tmp
-    if os.path.exists(path):
-      shutil.rmtree(path)
-    os.replace(tmp, path)
+    old = None
+    if not os.path.exists(path):
+      os.replace(tmp, path)
+    elif _exchange(tmp, path):
+      old = tmp  # the old folder, swapped out
+    else:
+      old = tempfile.mkdtemp(prefix=".old-", dir=parent)
+      os.replace(path, os.path.join(old, "old"))
+      os.replace(tmp, path)
+    tmp = None
+    if old is not None:  # removed only once the new folder is in place
+      shutil.rmtree(old, ignore_errors=True)
   except BaseException as e:
     if tmp is not None:
       shutil.rmtree(tmp, ignore_errors=True)
@@ -270,23 +302,39 @@ def safe_member_name(zip_path: str, name: str) -> str:
   return norm
 
 
-def read_zip_members(zip_path: str) -> dict[str, bytes]:
-  """Reads every file member of a zip into memory after checking each name for traversal.
-
-  Returns:
-    `{member name: bytes}` for the regular files of the archive.
-  """
+def zip_names(zip_path: str) -> list[str]:
+  """The regular-file members of a zip, each name checked against path traversal
+  (`safe_member_name`); the archive's directory only is read, no member's data."""
   try:
     with zipfile.ZipFile(zip_path) as zf:
-      out = {}
-      for info in zf.infolist():
-        name = safe_member_name(zip_path, info.filename)
-        if info.is_dir():
-          continue
-        out[name] = zf.read(info)
-      return out
+      return [safe_member_name(zip_path, info.filename) for info in zf.infolist()
+              if not info.is_dir()]
   except zipfile.BadZipFile as e:
     raise input_error(f"not a valid zip file ({e})", file=zip_path) from e
+
+
+@contextlib.contextmanager
+def open_zip_member(zip_path: str, name: str) -> Iterator[IO[bytes]]:
+  """Yields member `name` of a zip as a binary stream, inflated as it is read (never whole: a
+  member that inflates to more than memory holds is read as any file is); a corrupt archive is
+  an `InputError` naming the member."""
+  try:
+    with zipfile.ZipFile(zip_path) as zf, zf.open(name) as f:
+      yield f
+  except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+    raise input_error(f"corrupt zip member ({e})", file=zip_path,
+                      record=f"member {name!r}") from e
+
+
+def read_zip_member(zip_path: str, name: str, limit: int) -> bytes:
+  """The bytes of member `name`, streamed; more than `limit` bytes is an `InputError` (the
+  member is never inflated beyond it)."""
+  with open_zip_member(zip_path, name) as f:
+    data = f.read(limit + 1)
+  if len(data) > limit:
+    raise input_error(f"member larger than {limit >> 20} MiB (data.max_record_mib)",
+                      file=zip_path, record=f"member {name!r}")
+  return data
 
 
 def decode_utf8(data: bytes, file: str, record: object = None) -> str:

@@ -6,7 +6,8 @@ outputs (`config.json`, `results.json`, `results.md`, PNG plots) are written to 
 when the job finished. Bad input (a config file that does not load, a bad value, a workdir that
 cannot be written, a malformed data file) exits with code 2 and one line on stderr, and so does a
 write the machine refuses during the run (a full disk, a read-only folder, a quota: the line names
-the path and the reason); rerun the same command once the cause is removed and training resumes
+the path and the reason) or memory it cannot give (a `MemoryError`: the line names what was being
+read or built); rerun the same command once the cause is removed and training resumes
 from its last complete checkpoint. SIGINT (Ctrl-C) and SIGTERM end the run with one line saying
 so, the last complete checkpoint kept, and exit code 130 (SIGINT) or 143 (SIGTERM), 128 + the
 signal number as shells report it; the same command resumes.
@@ -81,6 +82,9 @@ def main(argv):
     run(FLAGS.config, os.path.abspath(FLAGS.workdir))
   except InputError as e:
     fail(str(e))
+  except MemoryError as e:  # one line naming what was being read or built, as a refused write
+    what = getattr(e, "doing", None) or f"running the job {FLAGS.config.get('job', '')!r}"
+    fail(f"out of memory {what}: the machine cannot hold it; free memory or give a smaller input")
   except Stopped as e:
     print(f"error: stopped by {e}; the last complete checkpoint is kept: run the same command "
           "to resume", file=sys.stderr)

@@ -48,9 +48,11 @@ def get_config(arg=None):
   c.max_steps = a["max_steps"]
   c.evals = 10
   # InsuranceQA lists 200 negatives per question (a search engine's): the hard negative comes
-  # from them there; BM25 elsewhere.
+  # from them there, from the first `train.hard_depth` of the 200 (100: the other 100 are not
+  # used); BM25's top `train.hard_depth` elsewhere. results.json records both ("negatives").
   if c.collection == "insuranceqa":
     c.train.negatives_from = "dataset"
+  c.train.hard_depth = 100
   # The MoL rows: configs/mol.py's model (P = 4, d_P = 64, L_MI 0.001) and its training changes.
   c.mol = blocks.mol_row()
   c.mol_train = blocks.mol_train()

@@ -338,3 +338,52 @@ def test_saved_model_and_report_writes_on_a_full_disk(tmp_path, monkeypatch):
     with open(os.path.join(disk.path, "w", "run.trec"), encoding="utf-8") as f:
       assert f.read() == rep.extra_files["run.trec"]
     assert not _leftovers(disk.path)
+
+
+# A process killed right after the first step of `files.atomic_dir`'s replacement that removes
+# anything: the real removal, then exit without cleanup (as SIGKILL would).
+_KILLED_AFTER_A_REMOVAL = """
+import os, shutil, sys
+from bilinear_ir import files
+if sys.argv[2] == "no-exchange":
+  files._exchange = lambda a, b: False  # a system without renameat2's RENAME_EXCHANGE
+real = shutil.rmtree
+def killed(path, *args, **kwargs):
+  real(path, *args, **kwargs)
+  os._exit(9)
+shutil.rmtree = killed
+with files.atomic_dir(sys.argv[1]) as tmp:
+  for name in ("a", "b"):
+    with open(os.path.join(tmp, name), "w") as f:
+      f.write("new " + name)
+"""
+
+
+@pytest.mark.parametrize("how", ["exchange", "no-exchange"])
+def test_atomic_dir_killed_between_its_steps_leaves_a_whole_folder(tmp_path, how):
+  """The new folder goes into place before the old one is removed: a kill between the two
+  leaves the new folder whole at the path (the old one was removed first, the path was gone)."""
+  path = tmp_path / "saved"
+  path.mkdir()
+  for name in ("a", "b", "c"):
+    (path / name).write_text("old " + name)
+  proc = subprocess.run([sys.executable, "-c", _KILLED_AFTER_A_REMOVAL, str(path), how],
+                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 9, proc.stderr[-2000:]
+  assert sorted(os.listdir(path)) == ["a", "b"]
+  assert [(path / n).read_text() for n in ("a", "b")] == ["new a", "new b"]
+
+
+def test_atomic_dir_replaces_a_folder_or_keeps_it_whole(tmp_path):
+  from bilinear_ir import files  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "saved"
+  with files.atomic_dir(str(path)) as tmp:
+    (tmp_path / tmp / "a").write_text("1")
+  with files.atomic_dir(str(path)) as tmp:  # an existing folder: swapped, the old one removed
+    (tmp_path / tmp / "b").write_text("2")
+  assert os.listdir(path) == ["b"] and os.listdir(tmp_path) == ["saved"]
+  with pytest.raises(RuntimeError, match="half"):
+    with files.atomic_dir(str(path)) as tmp:
+      (tmp_path / tmp / "c").write_text("3")
+      raise RuntimeError("half-written")
+  assert os.listdir(path) == ["b"] and os.listdir(tmp_path) == ["saved"]

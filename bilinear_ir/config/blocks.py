@@ -46,6 +46,9 @@ def data_config() -> ml_collections.ConfigDict:
     folds: K >= 2 runs K-fold cross-validation over the queries of `split` (for collections with
       a single judged split): train on K - 1 folds, evaluate on the held-out one, report
       mean/std; 0 = no folds.
+    max_record_mib: the longest record read, in MiB (a line of a JSONL, TSV or TREC qrels file;
+      a SciFact CSV member): a longer one is an input error naming the file and the line, found
+      after reading that much of it, never a machine's memory filled.
   """
   c = ml_collections.ConfigDict()
   c.format = "scifact"
@@ -55,6 +58,7 @@ def data_config() -> ml_collections.ConfigDict:
   c.dev_split = "auto"
   c.dev_fraction = 0.1
   c.folds = 0
+  c.max_record_mib = 64
   return c
 
 

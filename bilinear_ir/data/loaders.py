@@ -6,8 +6,8 @@ copy embedded in the package), `beir` (a BEIR folder), `msmarco` (MS MARCO passa
 installed package `insuranceqa_data` when `path` is "", or a folder of its four files). Every
 problem is an `InputError` naming the file, the line (or zip member) and the field: duplicate doc
 or query ids, qrels naming unknown docs or queries, a doc with neither title nor text, broken
-JSON lines, non-integer relevance, bytes that are not UTF-8, missing files or columns. Nothing is
-skipped silently.
+JSON lines, non-integer relevance, bytes that are not UTF-8, missing files or columns, a line
+longer than `data.max_record_mib`. Nothing is skipped silently.
 """
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ import os
 from bilinear_ir.data import beir
 from bilinear_ir.data import insuranceqa
 from bilinear_ir.data import msmarco
+from bilinear_ir.data import readers
 from bilinear_ir.data import scifact
 from bilinear_ir.data import trec_folder
 from bilinear_ir.data.collection import Collection
+from bilinear_ir import errors
 from bilinear_ir.errors import input_error
 
 LOADERS = {"scifact": scifact.load_scifact, "beir": beir.load_beir,
@@ -50,8 +52,8 @@ def load(data_config) -> Collection:
   """Loads and validates the collection named by a `data` config block.
 
   Args:
-    data_config: `config.data` (see `config.blocks.data_config`): `format` and `path` ("": the
-      copy `DEFAULT_PATHS` names).
+    data_config: `config.data` (see `config.blocks.data_config`): `format`, `path` ("": the
+      copy `DEFAULT_PATHS` names) and `max_record_mib` (the longest line read).
 
   Returns:
     The `Collection`.
@@ -70,4 +72,6 @@ def load(data_config) -> Collection:
     path = DEFAULT_PATHS[fmt]()
   if not os.path.exists(path):
     raise input_error("no such file or folder", file=path, field="data.path")
-  return LOADERS[fmt](path)
+  with errors.doing(f"loading the collection {path}"), readers.record_limit(
+      data_config.get("max_record_mib", readers.MAX_RECORD_MIB)):
+    return LOADERS[fmt](path)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from bilinear_ir import files
+from bilinear_ir.data import readers
 from bilinear_ir.data.collection import Collection
 from bilinear_ir.data.embeddings import Embeddings
 from bilinear_ir.errors import input_error
@@ -30,17 +31,10 @@ DTYPES = (np.float32, np.float16)
 
 
 def _read_ids(path: str) -> list[str]:
-  """One id per line (UTF-8; a trailing newline is fine, blank lines are not)."""
-  if not os.path.isfile(path):
-    raise input_error("required file not found", file=path)
-  with open(path, "rb") as f:
-    text = files.decode_utf8(f.read(), path)
-  lines = text.split("\n")
-  if lines and lines[-1] == "":
-    lines.pop()
+  """One id per line (UTF-8; a trailing newline is fine, blank lines are not), streamed line by
+  line (`readers.lines`: a line over the record limit is refused)."""
   ids = []
-  for i, line in enumerate(lines, 1):
-    line = line.rstrip("\r")
+  for i, line in readers.lines(path, lambda data, offset: "id"):
     if not line.strip():
       raise input_error("empty id", file=path, record=f"line {i}")
     ids.append(line)

@@ -1,22 +1,56 @@
 """Shared readers and checks of the collection loaders (one module per format beside it).
 
-Each reader streams a file as UTF-8 (a BOM is allowed) and turns every problem into an
-`InputError` naming the file, the line and the field; `CollectionBuilder` accumulates docs,
-queries and qrels and refuses duplicate ids, judgements of unknown docs or queries and empty
-texts. Nothing is skipped silently.
+Each reader streams a file (or a zip member) line by line as UTF-8 (a BOM is allowed) and turns
+every problem into an `InputError` naming the file, the line and the field; a line longer than
+the record limit (`record_limit`, `data.max_record_mib`: 64 MiB) is one too, found after reading
+at most that many bytes of it. `CollectionBuilder` accumulates docs, queries and qrels and refuses
+duplicate ids, judgements of unknown docs or queries and empty texts. Nothing is skipped silently.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from typing import Callable, Iterator
+from typing import IO, Callable, ContextManager, Iterator
 
 from bilinear_ir.data.collection import Collection
+from bilinear_ir import errors
 from bilinear_ir.errors import input_error
 
 # `field_at(data, offset)`: the name of the field that holds byte `offset` of `data`.
 FieldAt = Callable[[bytes, int], str]
+# The longest record (a line; a SciFact CSV member) read, in MiB: `data.max_record_mib`.
+MAX_RECORD_MIB = 64
+_limit_mib = [MAX_RECORD_MIB]
+
+
+@contextlib.contextmanager
+def record_limit(mib: int) -> Iterator[None]:
+  """Reads in the block refuse a record longer than `mib` MiB (`loaders.load` sets it from
+  `data.max_record_mib`)."""
+  _limit_mib.append(int(mib))
+  try:
+    yield
+  finally:
+    _limit_mib.pop()
+
+
+def max_record_bytes() -> int:
+  """The record limit in force, in bytes."""
+  return _limit_mib[-1] << 20
+
+
+def bounded_lines(f: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
+  """Yields (line number from 1, raw line with its newline) of a binary stream, reading at most
+  the record limit (`max_record_bytes`) + 1 bytes of any line; a longer line is an `InputError`
+  naming `path` and the line."""
+  limit = max_record_bytes()
+  for n, raw in enumerate(iter(lambda: f.readline(limit + 1), b""), 1):
+    if len(raw) > limit and not raw.endswith(b"\n"):
+      raise input_error(f"a line longer than {limit >> 20} MiB (data.max_record_mib)", file=path,
+                        record=f"line {n}")
+    yield n, raw
 
 
 def decode(data: bytes, file: str, field_at: FieldAt, first_line: int = 1) -> str:
@@ -67,26 +101,29 @@ def require_file(path: str) -> str:
   return path
 
 
-def lines(path: str, field_at: FieldAt, data: bytes | None = None) -> Iterator[tuple[int, str]]:
+# Opens a stream to read in place of the file: a zip member (`files.open_zip_member`).
+Opener = Callable[[], ContextManager[IO[bytes]]]
+
+
+def lines(path: str, field_at: FieldAt, opener: Opener | None = None
+          ) -> Iterator[tuple[int, str]]:
   """Yields (line number from 1, decoded line without its newline), streaming the file, or the
-  bytes `data` already read (a zip member; `path` then only names it in errors)."""
-  if data is not None:
-    for n, raw in enumerate(data.splitlines(keepends=True), 1):
-      yield n, decode(raw, path, field_at, first_line=n).rstrip("\r\n")
-    return
-  with open(require_file(path), "rb") as f:
-    for n, raw in enumerate(f, 1):
+  stream `opener()` gives (a zip member; `path` then only names it in errors), line by line
+  (`bounded_lines`)."""
+  with errors.doing(f"reading {path}"), (
+      opener() if opener is not None else open(require_file(path), "rb")) as f:
+    for n, raw in bounded_lines(f, path):
       yield n, decode(raw, path, field_at, first_line=n).rstrip("\r\n")
 
 
 def tsv(path: str, columns: tuple[str, ...], sep: str | None = "\t",
-        data: bytes | None = None) -> Iterator[tuple[int, list[str]]]:
+        opener: Opener | None = None) -> Iterator[tuple[int, list[str]]]:
   """Yields (line, cells) of a headerless table with exactly `len(columns)` cells per line.
 
-  `sep=None` splits on runs of whitespace (TREC qrels). Blank lines are refused. `data`: the
-  file's bytes when already read (see `lines`).
+  `sep=None` splits on runs of whitespace (TREC qrels). Blank lines are refused. `opener`: a
+  stream to read instead of the file (see `lines`).
   """
-  for n, line in lines(path, tsv_field_at(columns), data):
+  for n, line in lines(path, tsv_field_at(columns), opener):
     cells = line.split(sep)
     if len(cells) != len(columns):
       field = columns[len(cells)] if len(cells) < len(columns) else f"column {len(columns) + 1}"

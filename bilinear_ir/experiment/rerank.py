@@ -90,6 +90,7 @@ class Setting:
     measures: reported measures.
     pools: [Q_test, M] each test query's own pool (`evaluate.candidate_pools`: its gold docs
       and the negatives the collection lists for it), or None when the collection lists none.
+    seed: the seed of the candidates' random docs (`config.seed`).
   """
   prepared: pipeline.Prepared
   splitset: pipeline.SplitSet
@@ -99,6 +100,7 @@ class Setting:
   bm25: dict[str, np.ndarray]
   measures: tuple[str, ...]
   pools: np.ndarray | None = None
+  seed: int = 0
 
   def split(self, name: str) -> pipeline.Split:
     return getattr(self.splitset, name)
@@ -165,12 +167,20 @@ class Setting:
 
   def describe(self, rerank_cfg, query_len: int, doc_len: int) -> dict[str, Any]:
     """The setting as results state it: {"candidates": how they were drawn and the share of
-    each split's judged positives among them (`candidates.candidate_recall`), "tokens": Tq, Td,
+    each split's judged positives among them (`candidates.candidate_recall`), whether any
+    judged positive is a candidate the draw did not give (`candidates.injected_positives`
+    against `candidates.rerank_candidates` redrawn), "tokens": Tq, Td,
     the pooled embeddings' max length, n, the share of docs filling all Td slots (cut)}."""
     doc_ids = self.prepared.collection.doc_ids
     return {
         "candidates": {"bm25_depth": int(rerank_cfg.bm25_depth),
-                       "random_docs": int(rerank_cfg.random_docs), "positives_injected": False,
+                       "random_docs": int(rerank_cfg.random_docs),
+                       "positives_injected": any(candidates_lib.injected_positives(
+                           self.cands[s], candidates_lib.rerank_candidates(
+                               self.prepared.bm25_idx, self.rows[s], len(doc_ids),
+                               rerank_cfg.bm25_depth, rerank_cfg.random_docs, self.seed),
+                           self.split(s).query_ids, doc_ids, self.split(s).qrels)
+                                             for s in SPLITS),
                        "recall": {s: candidates_lib.candidate_recall(
                            self.cands[s], self.split(s).query_ids, doc_ids, self.split(s).qrels)
                                   for s in SPLITS}},
@@ -236,7 +246,7 @@ def build_setting(config: ml_collections.ConfigDict,
     b = prepared.bm25_pair_scores(np.repeat(r, c.shape[1]), safe.reshape(-1)).reshape(c.shape)
     rows[name], cands[name], bm25[name] = r, c, np.where(c < 0, 0.0, b)
   return Setting(prepared, splitset, tokens, rows, cands, bm25, tuple(config.eval.measures),
-                 evaluate.candidate_pools(prepared, splitset.test))
+                 evaluate.candidate_pools(prepared, splitset.test), int(config.seed))
 
 
 def curve_settings(setting: Setting, sizes, seed: int) -> dict[int, Setting]:

@@ -22,6 +22,7 @@ from bilinear_ir.data import embeddings
 from bilinear_ir.data import ict
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
+from bilinear_ir.data import readers
 from bilinear_ir.errors import InputError
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import missing_extra
@@ -135,6 +136,7 @@ def check_data(c, prefix: str = "data") -> None:
   real(c.dev_fraction, f"{prefix}.dev_fraction", 0.0, 0.9)
   integer(c.folds, f"{prefix}.folds", 0)
   require(c.folds != 1, "must be 0 (no folds) or >= 2", field=f"{prefix}.folds")
+  integer(c.get("max_record_mib", readers.MAX_RECORD_MIB), f"{prefix}.max_record_mib", 1)
 
 
 def check_bm25(c, prefix: str = "bm25") -> None:

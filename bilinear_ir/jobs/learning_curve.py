@@ -125,11 +125,13 @@ def run(config, workdir: str) -> report.Report:
   crossover = {}
   for emb in config.embeddings:
     gains = [r["n_train"] for r in rows if r["embedding"] == emb and r["model"] == "learned"
+             and r["unseen"].get("vs_dot")  # none with fewer than 2 unseen-answer queries
              and stats.mark(r["unseen"]["vs_dot"], config.stats.alpha) == stats.GAIN]
     crossover[emb] = min(gains) if gains else None
   results = {"rows": rows, "unseen_queries": {str(n): q for n, q in unseen_queries.items()},
              "crossover": crossover, "hybrid_dot_bm25": hybrids, "collection": collection,
-             "measure": m0,
+             "measure": m0, "negatives": {"from": config.train.negatives_from,
+                                         "hard_depth": int(config.train.hard_depth)},
              "seeds": list(config.seeds), "sizes": sorted(unseen_queries),
              "holm": "over the n of the curve: one family per embedding, model and view (all "
                      "test queries; unseen-answer queries)",
@@ -151,14 +153,17 @@ def _row(base: dict[str, Any], model: str, n: int, outs: list[dict[str, Any]], m
 
 
 def _compare_curve(rows: list[dict[str, Any]], unseen: dict[int, list[str]], config) -> None:
-  """`row["vs_dot"]` and `row["unseen"]` ({"n_queries", "mean", "vs_dot"}) for every row but
-  dot's, against dot at the same n; Holm over the curve of each (embedding, model, view)."""
+  """`row["vs_dot"]` and `row["unseen"]` ({"n_queries", "mean", "vs_dot"}; "empty": True and no
+  "vs_dot" with fewer than 2 unseen-answer queries) for every row but dot's, against dot at the
+  same n; Holm over the curve of each (embedding, model, view)."""
   dots = {(r["embedding"], r["n_train"]): r for r in rows if r["model"] == "dot"}
   groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
   for r in rows:
     sub = unseen[r["n_train"]]
     r["unseen"] = {"n_queries": len(sub),
                    "mean": float(np.mean([r["per_query"][q] for q in sub])) if sub else None}
+    if len(sub) < 2:  # the view is empty: no paired test, no crossover at this n
+      r["unseen"]["empty"] = True
     if r["model"] != "dot":
       groups.setdefault((r["embedding"], r["model"]), []).append(r)
   for members in groups.values():

@@ -41,6 +41,28 @@ def rerank_candidates(bm25_idx: np.ndarray, query_rows: np.ndarray, num_docs: in
   return out
 
 
+def injected_positives(cands: np.ndarray, drawn: np.ndarray, query_ids: list[str],
+                       doc_ids: list[str], qrels: dict[str, dict[str, int]]) -> int:
+  """Judged-relevant (query, doc) pairs among the candidates that the draw did not give them.
+
+  Args:
+    cands: [Q, K] the candidates as used (-1 pads).
+    drawn: [Q, K'] the candidates the draw gives (`rerank_candidates` of the same BM25 ranking,
+      depth, random docs and seed).
+    query_ids: [Q] the query of each row.
+    doc_ids: [N] doc id of each doc row.
+    qrels: judgements.
+
+  Returns:
+    How many judged positives are candidates but not drawn: 0 when no positive was injected.
+  """
+  count = 0
+  for i, q in enumerate(query_ids):
+    extra = {doc_ids[d] for d in cands[i] if d >= 0} - {doc_ids[d] for d in drawn[i] if d >= 0}
+    count += sum(qrels.get(q, {}).get(d, 0) > 0 for d in extra)
+  return count
+
+
 def candidate_recall(cands: np.ndarray, query_ids: list[str], doc_ids: list[str],
                      qrels: dict[str, dict[str, int]]) -> float:
   """Share of the judged-relevant (query, doc) pairs that are among the candidates: [Q, K] -> ."""

@@ -13,6 +13,7 @@ killed run left behind are removed when the next run opens the folder.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import glob
 import logging
@@ -71,12 +72,12 @@ class Checkpoints:
       return False
     if self._manager.latest_step() == step:
       return False
+    items = {"tree": ocp.args.StandardSave(tree), "record": ocp.args.JsonSave(record)}
+    if os.environ.get("BILINEAR_IR_FAULT"):  # test hook: a write inside orbax's temporary folder
+      items["fault"] = _FaultSave()
     with _signals_deferred(), _stderr_held() as stderr:
       try:
-        files.injected_fault(os.path.join(self.directory, str(step)))
-        self._manager.save(step, args=ocp.args.Composite(tree=ocp.args.StandardSave(tree),
-                                                         record=ocp.args.JsonSave(record)),
-                           force=True)
+        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         self._manager.wait_until_finished()
       except BaseException as e:
         _settle(stderr["held"])  # orbax's threads may still write into the temporary folder
@@ -106,6 +107,24 @@ class Checkpoints:
 
   def close(self) -> None:
     self._manager.close()
+
+
+class _FaultHandler(ocp.CheckpointHandler):
+  """Test hook (`files.injected_fault`): the item's save writes nothing but is refused as a write
+  under the fault's folder would be, once orbax has made its temporary folder, so that a refused
+  save is cleaned up as on a full disk."""
+
+  def save(self, directory, args):  # pylint: disable=unused-argument
+    files.injected_fault(os.path.join(os.fspath(directory), "fault"))
+
+  def restore(self, directory, args=None):  # pylint: disable=unused-argument
+    return None
+
+
+@ocp.args.register_with_handler(_FaultHandler, for_save=True, for_restore=True)
+@dataclasses.dataclass
+class _FaultSave(ocp.args.CheckpointArgs):
+  """The args of `_FaultHandler` (none)."""
 
 
 @contextlib.contextmanager

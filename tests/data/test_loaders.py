@@ -469,3 +469,64 @@ def test_main_writes_stats(tmp_path, repo_root):
   results = json.loads((workdir / "results.json").read_text())
   assert results["docs"] == 3
   assert {s: v["qrels"] for s, v in results["splits"].items()} == {"test": 1, "train": 2}
+
+
+# ---------------------------------------------------------------------------------------------
+# The record limit (`data.max_record_mib`): a longer line is an input error, read no further.
+
+_MIB = 1 << 20
+
+
+@pytest.mark.parametrize("fmt,file,line,make", [
+    ("beir", "corpus.jsonl", 2, lambda f, pad: _beir_with(f, "corpus.jsonl", _jsonl_docs(
+        '{"_id": "d1", "text": "x"}', '{"_id": "d2", "text": "' + pad + '"}'))),
+    ("beir", "test.tsv", 3, lambda f, pad: _beir(f, qrels={"test": [("q1", "d1", 1),
+                                                                 ("q2", "d2" + pad, 1)]})),
+    ("msmarco", "collection.tsv", 2, lambda f, pad: _case_msmarco(
+        "collection.tsv", f"0\tok\n1\t{pad}\n")(f)),
+    ("msmarco", "qrels.train.tsv", 2, lambda f, pad: _case_msmarco(
+        "qrels.train.tsv", f"10\t0\t1\t1\n11 0 3{pad}\t1\n")(f)),
+])
+def test_a_line_longer_than_the_record_limit_is_a_located_error(tmp_path, fmt, file, line,
+                                                                make):
+  """JSONL, TSV and TREC qrels: a line over `data.max_record_mib` (1 MiB here) is an
+  `InputError` naming the file and the line; at the limit, a record is read as any other."""
+  config = _config(fmt, make(tmp_path / "over", "a" * _MIB))
+  config.max_record_mib = 1
+  with pytest.raises(InputError) as e:
+    loaders.load(config)
+  expect_located(str(e.value), file, f"line {line}:", "")
+  assert "longer than 1 MiB" in str(e.value)
+  under = _config(fmt, make(tmp_path / "under", "a" * (_MIB - 64)))
+  under.max_record_mib = 1
+  try:  # just under the limit the line is read to its end (what it holds may be refused)
+    loaders.load(under)
+  except InputError as e:
+    assert "longer than" not in str(e), e
+
+
+def test_scifact_members_are_read_up_to_the_record_limit():
+  config = data_config()
+  config.max_record_mib = 4  # corpus_train.csv inflates to 7.7 MiB
+  with pytest.raises(InputError, match=r"scifact\.zip: member 'corpus_train\.csv': member "
+                                       r"larger than 4 MiB"):
+    loaders.load(config)
+
+
+def test_a_trec_doc_longer_than_the_record_limit_is_a_located_error(tmp_path):
+  """TREC SGML streams `<DOC>` by `<DOC>`: a doc of short lines longer than the limit in all is
+  refused at the line it starts on; the docs around it read as usual below the limit."""
+  def folder(name, lines):
+    f = tmp_path / name
+    _robust(f)
+    _write(f / "docs" / "b.sgml", "<DOC>\n<DOCNO>LA-9</DOCNO><TEXT>x</TEXT>\n</DOC>\n<DOC>\n"
+           "<DOCNO>LA-3</DOCNO>\n<TEXT>\n" + ("word " * 200 + "\n") * lines + "</TEXT>\n</DOC>\n")
+    config = _config("trec", str(f))
+    config.max_record_mib = 1
+    return config
+  with pytest.raises(InputError) as e:
+    loaders.load(folder("over", 1100))  # 1,100 lines of 1,001 bytes: over 1 MiB
+  expect_located(str(e.value), "b.sgml", "line 4:", "")
+  assert "a record longer than 1 MiB" in str(e.value)
+  c = loaders.load(folder("under", 1000))
+  assert c.doc_ids[-2:] == ["LA-9", "LA-3"] and c.texts[-1] == " ".join(["word"] * 200_000)

@@ -134,3 +134,70 @@ def test_a_row_s_line_shows_its_own_model_where_dev_kept_colbert():
   untrained = {"row": "colbert", "n_train": 300, "metrics": {"ndcg@10": 0.4315},
                "dev": {"ndcg@10": 0.4134}, "best_step": None}
   assert rerank.row_line(untrained, "ndcg@10", "ndcg@10").endswith("(dev ndcg@10 0.4134)")
+
+
+@pytest.fixture(scope="module")
+def setting_and_config(tmp_path_factory, tiny_bert_dir):
+  """The late-interaction setting of a random BEIR folder (BM25 top 3 + 4 random docs per
+  query, out of 60 docs) and its config."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from conftest import REPO  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.experiment import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("setting")
+  spec = importlib.util.spec_from_file_location(
+      "late_interaction_config", os.path.join(REPO, "configs", "late_interaction.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.encoder.model, config.encoder.cache_dir = tiny_bert_dir, str(root / "cache")
+  config.encoder.max_length, config.encoder.query_max_length = 32, 8
+  config.encoder.doc_max_length = 16
+  config.rerank.bm25_depth, config.rerank.random_docs = 3, 4
+  config.data.dev_fraction = 0.25
+  data = spec_lib.collection_block(config.data, write_beir(str(root / "c"), num_docs=60,
+                                                           num_queries=48, seed=4))
+  return rerank.build_setting(config, data), config
+
+
+def test_gold_outside_bm25s_top_depth_stays_out_of_the_candidates(setting_and_config):
+  """A test query's gold doc that BM25 ranks below its top 3 and the seeded draw misses is no
+  candidate: the candidates are BM25's top 3 and the draw (numpy twin), whatever the qrels say;
+  recall counts the golds found, and no positive is reported injected."""
+  setting, config = setting_and_config
+  test, doc_ids = setting.split("test"), setting.prepared.collection.doc_ids
+  row = {d: i for i, d in enumerate(doc_ids)}
+  outside, found, total = 0, 0, 0
+  for i, (q, r) in enumerate(zip(test.query_ids, setting.rows["test"])):
+    top = setting.prepared.bm25_idx[r][:3]
+    rest = np.setdiff1d(np.arange(len(doc_ids)), top)
+    drawn = np.sort(np.random.default_rng([config.seed, 7, int(r)]).choice(rest, 4, replace=False))
+    np.testing.assert_array_equal(setting.cands["test"][i], np.concatenate([top, drawn]))
+    for d, rel in test.qrels[q].items():
+      if rel > 0:
+        total += 1
+        found += row[d] in setting.cands["test"][i]
+        outside += row[d] not in top and row[d] not in drawn
+  assert outside > 0  # golds the draw left out: injecting them would change the candidates
+  described = setting.describe(config.rerank, 8, 16)["candidates"]
+  assert described["positives_injected"] is False
+  assert described["recall"]["test"] == pytest.approx(found / total) and found < total
+
+
+def test_positives_injected_is_computed_from_the_candidates_and_the_qrels(setting_and_config):
+  """Each test query's gold docs added to its candidates (what a re-ranker that peeks at the
+  qrels would score): the setting says so, and recall reaches 1."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  setting, config = setting_and_config
+  test, doc_ids = setting.split("test"), setting.prepared.collection.doc_ids
+  golds = [[doc_ids.index(d) for d, rel in test.qrels[q].items() if rel > 0]
+           for q in test.query_ids]
+  width = setting.cands["test"].shape[1] + max(map(len, golds))
+  injected = np.full((len(golds), width), -1, np.int64)
+  for i, g in enumerate(golds):
+    row = list(dict.fromkeys(list(setting.cands["test"][i]) + g))
+    injected[i, :len(row)] = row
+  peeked = dataclasses.replace(setting, cands={**setting.cands, "test": injected})
+  described = peeked.describe(config.rerank, 8, 16)["candidates"]
+  assert described["positives_injected"] is True
+  assert described["recall"]["test"] == 1.0
