@@ -292,7 +292,7 @@ def certified_topk(index: CertifiedIndex, queries, k: int, *, first_candidates: 
 
 def bf16_pays(platform: str | None = None, cpu_flags: str | None = None) -> bool:
   """Whether `bf16_topk` (a bf16 scan + float32 rescoring) is expected to beat the float32
-  scan `exact.topk` on this device: the rule the README states, from measurements.
+  scan `exact.topk` on this device: the rule docs/benchmarks/README.md states, from measurements.
 
   CPU with AVX512-BF16 (`avx512_bf16` in /proc/cpuinfo): yes (bf16 matmuls 2-3x the float32
   rate; on the 2-core development CPU 1.05-1.07x FAISS against the float32 scan's 1.01-1.04x).
