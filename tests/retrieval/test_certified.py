@@ -147,7 +147,7 @@ def test_bf16_candidates_with_ties_and_growth():
 
 
 def test_bf16_pays_rule():
-  """The rule of docs/benchmarks/README.md: bf16_topk only on CPUs with AVX512-BF16, never on GPUs or TPUs."""
+  """docs/benchmarks/README.md: bf16_topk only on CPUs with AVX512-BF16, never GPUs or TPUs."""
   assert certified.bf16_pays("cpu", "fpu avx512f avx512_bf16 amx_bf16")
   assert not certified.bf16_pays("cpu", "fpu avx2 avx512f")
   assert not certified.bf16_pays("gpu", "fpu avx512_bf16")
