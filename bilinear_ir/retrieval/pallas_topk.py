@@ -53,6 +53,8 @@ class Tiles(NamedTuple):
     num_warps: Triton warps per program (None: Triton's default).
     num_stages: Triton pipelining stages (None: Triton's default).
     skip: skip a step whose scores are all below each query's current k-th best.
+    group: docs per group of `group_maxima` (a power of two dividing td; unused by
+      `block_candidates`).
   """
   tq: int = 32
   td: int = 64
@@ -61,6 +63,7 @@ class Tiles(NamedTuple):
   num_warps: int | None = 4
   num_stages: int | None = 2
   skip: bool = True
+  group: int = 16
 
 
 def next_pow2(x: int) -> int:
@@ -101,31 +104,38 @@ def _merge_step(vals, ids, s, sid, k: int, no_doc: int):
   return new_v, new_i
 
 
+def _step_scores(q_ref, d_ref, qi, start, *, b: int, n: int, w: int, tiles: Tiles):
+  """The [tq, td] float32 scores of query tile qi against doc rows [start, start + td) (rows
+  past N score -inf), and the rows' validity [td] bool and ids [td] int32. The query tile is
+  reloaded per width chunk (cache hits), not held in registers."""
+  tq, td, wk = tiles.tq, tiles.td, tiles.wk
+  zero = qi * 0  # traced: a chunk past w is a masked load, not a static out-of-bound slice
+  q_rows = qi * tq + jnp.arange(tq, dtype=jnp.int32)
+  rows = start + jnp.arange(td, dtype=jnp.int32)
+  ok = rows < n
+  s = jnp.zeros((tq, td), jnp.float32)
+  for c in range(-(-w // wk)):
+    cols = c * wk + jnp.arange(wk, dtype=jnp.int32)
+    qc = plgpu.load(q_ref.at[pl.ds(qi * tq, tq), pl.ds(zero + c * wk, wk)],
+                    mask=(q_rows < b)[:, None] & (cols < w)[None, :], other=0.0)
+    dc = plgpu.load(d_ref.at[pl.ds(start, td), pl.ds(zero + c * wk, wk)],
+                    mask=ok[:, None] & (cols < w)[None, :], other=0.0)
+    s = s + lax.dot_general(qc.astype(dc.dtype), dc, (((1,), (1,)), ((), ())),
+                            precision=PRECISION, preferred_element_type=jnp.float32)
+  return jnp.where(ok[None, :], s, -jnp.inf), ok, rows
+
+
 def _scan_select_kernel(q_ref, d_ref, v_ref, i_ref, *, b: int, n: int, w: int, k: int,
                         tiles: Tiles, no_doc: int):
   """Program (i, j): queries [i tq, (i + 1) tq) x docs [j td steps, (j + 1) td steps)."""
-  tq, td, wk = tiles.tq, tiles.td, tiles.wk
+  tq, td = tiles.tq, tiles.td
   kp = v_ref.shape[-1]
   qi, bj = pl.program_id(0), pl.program_id(1)
-  zero = qi * 0  # traced: a chunk past w is a masked load, not a static out-of-bound slice
-  q_rows = qi * tq + jnp.arange(tq, dtype=jnp.int32)
   first = bj * (td * tiles.steps)
 
   def step(t, state):
     vals, ids = state
-    start = first + t * td
-    rows = start + jnp.arange(td, dtype=jnp.int32)
-    ok = rows < n
-    s = jnp.zeros((tq, td), jnp.float32)
-    for c in range(-(-w // wk)):  # the query tile is reloaded per step (cache hits), not held
-      cols = c * wk + jnp.arange(wk, dtype=jnp.int32)
-      qc = plgpu.load(q_ref.at[pl.ds(qi * tq, tq), pl.ds(zero + c * wk, wk)],
-                      mask=(q_rows < b)[:, None] & (cols < w)[None, :], other=0.0)
-      dc = plgpu.load(d_ref.at[pl.ds(start, td), pl.ds(zero + c * wk, wk)],
-                      mask=ok[:, None] & (cols < w)[None, :], other=0.0)
-      s = s + lax.dot_general(qc.astype(dc.dtype), dc, (((1,), (1,)), ((), ())),
-                              precision=PRECISION, preferred_element_type=jnp.float32)
-    s = jnp.where(ok[None, :], s, -jnp.inf)
+    s, ok, rows = _step_scores(q_ref, d_ref, qi, first + t * td, b=b, n=n, w=w, tiles=tiles)
     sid = jnp.broadcast_to(jnp.where(ok, rows, no_doc)[None, :], (tq, td))
     if not tiles.skip:
       return _merge_step(vals, ids, s, sid, k, no_doc)
@@ -139,6 +149,70 @@ def _scan_select_kernel(q_ref, d_ref, v_ref, i_ref, *, b: int, n: int, w: int, k
   vals, ids = lax.fori_loop(0, tiles.steps, step, init)
   v_ref[...] = vals
   i_ref[...] = ids
+
+
+def _group_max_kernel(q_ref, d_ref, o_ref, *, b: int, n: int, w: int, tiles: Tiles):
+  """Program (i, j): queries [i tq, (i + 1) tq) x docs [j td steps, (j + 1) td steps); per
+  step, each query's maximum over each group of `tiles.group` docs, stored at the groups'
+  columns (group c holds docs [c G, (c + 1) G)). No running state: one dot and one max per
+  step."""
+  tq, td, g = tiles.tq, tiles.td, tiles.group
+  per = td // g
+  qi, bj = pl.program_id(0), pl.program_id(1)
+
+  def step(t, carry):
+    s, _, _ = _step_scores(q_ref, d_ref, qi, (bj * tiles.steps + t) * td, b=b, n=n, w=w,
+                           tiles=tiles)
+    gmax = jnp.max(s.reshape(tq, per, g), axis=2)  # [tq, per]
+    o_ref[pl.ds(qi * tq, tq), pl.ds((bj * tiles.steps + t) * per, per)] = gmax
+    return carry
+
+  lax.fori_loop(0, tiles.steps, step, 0)
+
+
+def _check_offsets(b: int, n: int, w: int, tiles: Tiles) -> None:
+  """ValueError unless the kernels' int32 offsets cannot overflow."""
+  if (n + tiles.td * tiles.steps) * w >= 1 << 31 or b * w >= 1 << 31:
+    raise ValueError(f"the Pallas scan indexes with int32 offsets: N w = {n} x {w} is too large "
+                     "(shard the table, `sharded`, or use strategy 'xla')")
+
+
+def _params(tiles: Tiles, interpret: bool):
+  # Triton's parameters also pick the Triton backend (without them a GPU pallas_call lowers
+  # through Mosaic GPU)
+  return None if interpret else plgpu.CompilerParams(num_warps=tiles.num_warps,
+                                                     num_stages=tiles.num_stages)
+
+
+@functools.partial(jax.jit, static_argnames=("tiles", "interpret"))
+def group_maxima(qt: jax.Array, dt: jax.Array, tiles: Tiles, interpret: bool = False
+                 ) -> jax.Array:
+  """Each query's maximum score over each group of G = `tiles.group` consecutive docs (the
+  `blockmax` kernel: one pass over the table, float32 scores as `block_candidates`).
+
+  Args:
+    qt: [B, w] float32; dt: [N, w] float32 or bfloat16; tiles: `Tiles` (group divides td).
+    interpret: Pallas interpret mode (CPU).
+
+  Returns:
+    [B, NG] float32, NG = blocks * td * steps / G >= ceil(N / G): column c is the maximum over
+    docs [c G, (c + 1) G) (-inf where all of them are past N).
+  """
+  b, w = qt.shape
+  n = dt.shape[0]
+  if tiles.td % tiles.group:
+    raise ValueError(f"the group ({tiles.group}) must divide td ({tiles.td})")
+  _check_offsets(b, n, w, tiles)
+  nq = -(-b // tiles.tq)
+  nb = -(-n // (tiles.td * tiles.steps))
+  kernel = functools.partial(_group_max_kernel, b=b, n=n, w=w, tiles=tiles)
+  out = pl.pallas_call(
+      kernel, grid=(nq, nb), in_specs=[pl.no_block_spec, pl.no_block_spec],
+      out_specs=pl.no_block_spec,
+      out_shape=jax.ShapeDtypeStruct((nq * tiles.tq, nb * tiles.steps * tiles.td // tiles.group),
+                                     jnp.float32),
+      compiler_params=_params(tiles, interpret), interpret=interpret, name="group_max")(qt, dt)
+  return out[:b]
 
 
 @functools.partial(jax.jit, static_argnames=("k", "tiles", "no_doc", "interpret"))
@@ -160,24 +234,19 @@ def block_candidates(qt: jax.Array, dt: jax.Array, k: int, tiles: Tiles, no_doc:
   """
   b, w = qt.shape
   n = dt.shape[0]
-  if (n + tiles.td * tiles.steps) * w >= 1 << 31 or b * w >= 1 << 31:
-    raise ValueError(f"the Pallas scan indexes with int32 offsets: N w = {n} x {w} is too large "
-                     "(shard the table, `sharded`, or use strategy 'xla')")
+  _check_offsets(b, n, w, tiles)
   kp = next_pow2(k)
   nq = -(-b // tiles.tq)
   nb = -(-n // (tiles.td * tiles.steps))
   kernel = functools.partial(_scan_select_kernel, b=b, n=n, w=w, k=k, tiles=tiles,
                              no_doc=no_doc)
   out_spec = pl.BlockSpec((tiles.tq, None, kp), lambda i, j: (i, j, 0))
-  # Triton's parameters also pick the Triton backend (without them a GPU pallas_call lowers
-  # through Mosaic GPU)
-  params = plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
   vals, ids = pl.pallas_call(
       kernel, grid=(nq, nb), in_specs=[pl.no_block_spec, pl.no_block_spec],
       out_specs=[out_spec, out_spec],
       out_shape=[jax.ShapeDtypeStruct((nq * tiles.tq, nb, kp), jnp.float32),
                  jax.ShapeDtypeStruct((nq * tiles.tq, nb, kp), jnp.int32)],
-      compiler_params=None if interpret else params, interpret=interpret,
+      compiler_params=_params(tiles, interpret), interpret=interpret,
       name="scan_select")(qt, dt)
   return (vals[:b, :, :k].reshape(b, nb * k), ids[:b, :, :k].reshape(b, nb * k))
 
