@@ -121,7 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "off a GPU")
   p.add_argument("--tiles", default="",
                  help="the pallas strategy's tile configs to sweep, ';'-separated "
-                      "tq.td.steps.num_warps.num_stages[.wkN][.noskip] (default: TILE_SWEEP per "
+                      "tq.td.steps.num_warps.num_stages[.wkN][.passes][.noskip] (default: "
+                      "TILE_SWEEP per "
                       "device and query count)")
   p.add_argument("--blockmax-tiles", default="",
                  help="the pallas_blockmax strategy's tile configs, as --tiles with .gN (the "
@@ -154,11 +155,12 @@ from bilinear_ir.retrieval import certified, exact, pallas_topk, sharded  # noqa
 # The Pallas kernels' tile sweeps on a GPU (tq.td.steps.num_warps.num_stages[.wkN][.gN]), per
 # strategy: few queries (the 32 x 1M case: one query tile, many doc blocks) and many (1,000 x
 # 200k: compute-bound tiles). Every config fits the H200's 232,448 bytes of shared memory per
-# program: the dot's operands take (tq + td) wk 4 bytes per stage, so td = 128 or 3 stages read
-# the width in chunks of wk = 64 (or 32) columns (round 1: td = 128 at wk = 128, steps = 64 and
-# num_stages = 3 asked for 245,776 to 491,536 bytes and failed to compile).
+# program (`shared_bytes`): td = 128 or 3 stages read the width in chunks of wk = 64 (or 32)
+# columns (round 1: td = 128 at wk = 128 and num_stages = 3 asked for 245,776 to 491,536 bytes
+# and failed to compile). ".passes" is round 1's merge, the baseline of the default `insert`.
 TILE_SWEEP = {
-    "pallas": {"few": ("32.64.32.4.2", "32.64.32.8.2", "32.128.16.4.2.wk64"),
+    "pallas": {"few": ("32.64.32.4.2", "32.64.32.8.2", "32.128.16.4.2.wk64",
+                       "32.64.32.4.2.passes"),
                "many": ("64.64.32.4.2", "64.128.16.8.2.wk64")},
     "pallas_blockmax": {
         "few": ("32.64.16.4.2.g16", "32.128.16.4.2.wk64.g16", "32.128.16.8.2.wk64.g32",
@@ -167,11 +169,20 @@ TILE_SWEEP = {
                  "128.64.16.8.2.wk64.g16", "128.128.8.8.3.wk32.g32")},
 }
 PALLAS_STRATEGIES = tuple(TILE_SWEEP)
+SHARED_BYTES = 232_448  # shared memory per program on an H100 / H200 (Triton's limit there)
+
+
+def shared_bytes(tiles: pallas_topk.Tiles) -> int:
+  """The shared memory a Pallas scan program asks Triton for, as round 1's compile errors on
+  one H200 fit it: 1.5 x the pipelined dot operands, (tq + td) wk 4 bytes per stage (32.128.16
+  at wk 128, 2 stages: 245,760 + 16 requested)."""
+  return int(1.5 * (tiles.tq + tiles.td) * tiles.wk * 4 * (tiles.num_stages or 2))
 
 
 def parse_tiles(text: str, width: int) -> pallas_topk.Tiles:
-  """"tq.td.steps.num_warps.num_stages[.wkN][.gN][.noskip]" -> `pallas_topk.Tiles`: wkN the
-  width chunk (default the power of two >= w, at most 128), gN blockmax's group (default 16)."""
+  """"tq.td.steps.num_warps.num_stages[.wkN][.gN][.passes][.noskip]" -> `pallas_topk.Tiles`:
+  wkN the width chunk (default the power of two >= w, at most 128), gN blockmax's group (default
+  16), passes: round 1's k passes per step (`insert=False`), noskip: without their skip."""
   parts = text.split(".")
   tq, td, steps, warps, stages = (int(x) for x in parts[:5])
   extra = parts[5:]
@@ -179,7 +190,8 @@ def parse_tiles(text: str, width: int) -> pallas_topk.Tiles:
             int(min(128, pallas_topk.next_pow2(width))))
   group = next((int(x[1:]) for x in extra if x.startswith("g")), 16)
   return pallas_topk.Tiles(tq=tq, td=td, steps=steps, wk=wk, num_warps=warps,
-                           num_stages=stages, skip="noskip" not in extra, group=group)
+                           num_stages=stages, skip="noskip" not in extra, group=group,
+                           insert="passes" not in extra)
 
 
 def hardware(setup: faiss_peer.FaissSetup | None) -> str:

@@ -49,8 +49,11 @@ def test_exact_ties_by_lower_id_any_padding(variant):
   np.testing.assert_array_equal(np.asarray(res.ids), i64)
   np.testing.assert_array_equal(np.asarray(res.scores), s64.astype(np.float32))
   np.testing.assert_array_equal(np.asarray(exact.brute_force(q, d, 10).ids), i64)
-  # without the skip of steps that cannot enter the top-k: the same
-  np.testing.assert_array_equal(run(q, d, 10, TILES._replace(skip=False), variant)[1], i64)
+  # round 1's k passes per step, with and without the skip of steps that cannot enter the
+  # top-k: the same
+  for skip in (True, False):
+    tiles = TILES._replace(insert=False, skip=skip)
+    np.testing.assert_array_equal(run(q, d, 10, tiles, variant)[1], i64)
   # every doc the same: ties everywhere, within each block and across them -> ids 0 .. 9
   same = np.tile(d[:1], (250, 1))
   np.testing.assert_array_equal(run(q, same, 10, variant=variant)[1],
