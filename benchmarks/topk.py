@@ -159,14 +159,13 @@ from bilinear_ir.retrieval import certified, exact, pallas_topk, sharded  # noqa
 # columns (round 1: td = 128 at wk = 128 and num_stages = 3 asked for 245,776 to 491,536 bytes
 # and failed to compile). ".passes" is round 1's merge, the baseline of the default `insert`.
 TILE_SWEEP = {
-    "pallas": {"few": ("32.64.32.4.2", "32.64.32.8.2", "32.128.16.4.2.wk64",
-                       "32.64.32.4.2.passes"),
+    "pallas": {"few": ("32.64.32.4.2", "32.128.16.4.2.wk64", "32.64.32.4.2.passes"),
                "many": ("64.64.32.4.2", "64.128.16.8.2.wk64")},
     "pallas_blockmax": {
-        "few": ("32.64.16.4.2.g16", "32.128.16.4.2.wk64.g16", "32.128.16.8.2.wk64.g32",
-                "16.128.16.4.2.wk64.g16", "32.256.8.8.2.wk32.g32"),
-        "many": ("64.64.16.4.2.g16", "64.128.16.8.2.wk64.g16", "128.128.8.8.2.wk64.g32",
-                 "128.64.16.8.2.wk64.g16", "128.128.8.8.3.wk32.g32")},
+        "few": ("32.64.16.4.2.g16", "32.128.16.8.2.wk64.g32", "16.128.16.4.2.wk64.g16",
+                "32.256.8.8.2.wk32.g32"),
+        "many": ("64.128.16.8.2.wk64.g16", "128.128.8.8.2.wk64.g32", "128.64.16.8.2.wk64.g16",
+                 "128.128.8.8.3.wk32.g32")},
 }
 PALLAS_STRATEGIES = tuple(TILE_SWEEP)
 SHARED_BYTES = 232_448  # shared memory per program on an H100 / H200 (Triton's limit there)
