@@ -4,7 +4,7 @@ streamed top-k, training-throughput, MoL and fidelity benchmarks at sizes that f
     launch/accelerator_check.sh                                   # on a GPU / TPU machine
     python benchmarks/accelerator_check.py --out runs/acc        # the same, without the wrapper
     python benchmarks/accelerator_check.py --reduced --out runs/acc_cpu   # end to end on a CPU
-    launch/accelerator_check.sh --kernels --out DIR   # issue 42's subset, at most 335 s on a GPU
+    launch/accelerator_check.sh --kernels --out DIR   # issue 42's subset, at most 300 s on a GPU
 
 Every step is a subprocess (its own process group, killed whole at its limit) with its own time
 limit (`LIMITS`; the whole check, probes included, stays within `--budget-s`, default 450 s, so a
@@ -28,11 +28,13 @@ fails to compile is recorded in its step's JSON (`tile_errors`, or a row with `e
 check goes on; where a kernel test's process crashed in tests_device (e.g. an illegal memory
 access), topk and mol run without the kernels (`pallas_skipped` in their summary entry names it).
 
-`--kernels` (issue 42's subset, on a GPU at most 335 s, `KERNEL_LIMITS`): device; tests_device on
+`--kernels` (issue 42's subset, on a GPU at most 300 s, `KERNEL_LIMITS`): device; tests_device on
 the exactness file, the Pallas kernel tests (compiled) and the roofline unit test; topk on the
-two issue cases with the XLA scan, the Pallas kernel's tile sweep and torch; mol on 1M items,
-P = 4, TopKAvg(2,000 / 4,000) with the XLA and the Pallas top-N selection, brute force at its
-best step and torch.
+two issue cases with the XLA scan, both Pallas strategies' tile sweeps (pallas, the fused
+scan-and-select; pallas_blockmax, group maxima + XLA selection, its kernel also timed alone) and
+torch. The mol step (1M items, P = 4, TopKAvg(2,000 / 4,000) with the XLA and the Pallas top-N
+selection, brute force at its best step and torch; 75 s) runs with `--kernels` only when
+`--steps` names it.
 
 where a benchmark's cases are its JSON cases with every ratio (`ratio_vs_bound`, `bound_ms`,
 `peak_flops`, `bandwidth_gbs`, `peer_torch_ms` / `note`, `ratio_vs_torch`, ...), a test step's
@@ -53,8 +55,9 @@ Steps (in this order: the device's own numbers first, CPU-only logic last):
   topk          benchmarks/topk.py, every case, default sizes, peers on the same device: the bare
                 matmul and torch (float32 with TF32 off, and bf16) at its best chunk; our scan also
                 at the former default chunk, 8,192 rows (`scan_chunk_ms`), and with each
-                selection, lax.top_k and argmax passes (`scan_selection_ms`); the fused Pallas
-                kernel (`--strategies xla,pallas`: `pallas_<case>` rows, a tile sweep on a GPU).
+                selection, lax.top_k and argmax passes (`scan_selection_ms`); the Pallas kernels
+                (`--strategies xla,pallas,pallas_blockmax`: `pallas_<case>` and
+                `pallas_blockmax_<case>` rows, a tile sweep each on a GPU).
                 Reduced: --scale 0.01,
                 64 queries, two cases, the matmul and torch on the CPU (a smoke test of the peer).
   mol           benchmarks/mol_topk.py: 1,000,000 items, P = 4, a short grid, brute force also
@@ -110,10 +113,13 @@ print(json.dumps(out, indent=2))
 # a GPU (the first H200 run needed more than 90 s for tests_device and 100 s for topk).
 LIMITS = {"device": (40, 30), "tests_device": (150, 50), "topk": (160, 75), "mol": (90, 75),
           "train": (70, 35), "stream": (30, 35), "tests_sharding": (40, 45), "fidelity": (20, 30)}
-# Seconds per step with --kernels on an accelerator (device, tests_device, topk, mol within
-# 335 s: a 7-minute device call with the wheel install and start-up; the topk step compiles the
-# Pallas kernel at each of its tile configs).
-KERNEL_LIMITS = {"device": 30, "tests_device": 80, "topk": 150, "mol": 75}
+# Seconds per step with --kernels on an accelerator (device, tests_device, topk within 300 s:
+# with the wheel install, under 5.5 minutes of device time; the topk step compiles both Pallas
+# strategies at each of their tile configs). mol (75 s) only when --steps names it.
+KERNEL_LIMITS = {"device": 30, "tests_device": 80, "topk": 190, "mol": 75}
+# The top-k strategies the topk step times (benchmarks/topk.py --strategies): the XLA scan
+# first, then the Pallas kernels.
+STRATEGIES = ("xla", "pallas", "pallas_blockmax")
 # pytest-xdist workers of tests_device on an accelerator, where the package is installed (the
 # device machines' image has it); else the tests run in one process.
 TESTS_DEVICE_WORKERS = 8
@@ -157,7 +163,8 @@ def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool,
       {"name": "tests_device", "cmd": [py, "-m", "pytest", "-q", "-rfs", "-p",
                                        "no:cacheprovider", *tests_device], "env": tests_env},
   ]
-  topk = [py, os.path.join(BENCH, "topk.py"), "--json", j("topk"), "--strategies", "xla,pallas"]
+  topk = [py, os.path.join(BENCH, "topk.py"), "--json", j("topk"), "--strategies",
+          ",".join(STRATEGIES)]
   if reduced:
     # torch on the CPU: a smoke test of the torch peer's code that runs on a GPU; the Pallas
     # kernel in interpret mode
@@ -294,7 +301,12 @@ def headline(name: str, cases: list[dict]) -> list[str]:
                    f"({c.get('bound_limit')}, {c.get('bandwidth_kind')}), ratio_vs_bound "
                    f"{r(c.get('ratio_vs_bound'))}, "
                    f"vs torch {r(c.get('ratio_vs_torch'))}, vs matmul "
-                   f"{r(c.get('ratio_vs_matmul'))}, vs faiss {r(c.get('ratio_vs_faiss'))}")
+                   f"{r(c.get('ratio_vs_matmul'))}, vs faiss {r(c.get('ratio_vs_faiss'))}"
+                   + (f"; dot + max in the kernel {c['kernel_ms']:.3f} ms (ratio_vs_bound "
+                      f"{r(c.get('kernel_ratio_vs_bound'))}), selection after "
+                      f"{r(c.get('after_kernel_ms'))} ms" if c.get("kernel_ms") else "")
+                   + (f", same_ids_as_fp32 {c['same_ids_as_fp32']}"
+                      if "same_ids_as_fp32" in c else ""))
     elif name == "stream":
       lines.append(f"{c['name']}: {c['ms']:.1f} ms, ratio_vs_bound {r(c.get('ratio_vs_bound'))}, "
                    f"read {r(c.get('read_bound_ms'))} ms ({c.get('read_threads')} threads), "
@@ -334,10 +346,10 @@ def pallas_failures(records: list[dict]) -> list[str]:
 
 
 def without_pallas(cmd: list[str]) -> list[str]:
-  """A topk / mol command with its Pallas strategy dropped (`--strategies` / `--selections`)."""
+  """A topk / mol command with its Pallas strategies dropped (`--strategies` / `--selections`)."""
   out = []
   for arg in cmd:
-    if arg == "xla,pallas":
+    if arg == ",".join(STRATEGIES):
       arg = "xla"
     if arg != "pallas":
       out.append(arg)
@@ -351,15 +363,19 @@ def kernel_headline(steps: dict) -> dict:
   faster strategy; for MoL, each TopKAvg row's speedup over brute force and HR@100."""
   out = {}
   cases = {c.get("name"): c for c in (steps.get("topk") or {}).get("cases", [])}
-  for tag in [name[len("pallas_"):] for name in cases if name.startswith("pallas_")]:
+  tags = {c["name"][len(c["strategy"]) + 1:] for c in cases.values()
+          if c.get("strategy") in STRATEGIES[1:] and c.get("name")}
+  for tag in sorted(tags):
     found = {}
-    for name, strategy in ((tag, "xla"), (f"pallas_{tag}", "pallas")):
-      c = cases.get(name)
+    for strategy in STRATEGIES:
+      c = cases.get(tag if strategy == "xla" else f"{strategy}_{tag}")
       if not c:
         continue
       found[strategy] = {key: c.get(key) for key in (
           "ms", "bound_ms", "bound_limit", "bandwidth_kind", "ratio_vs_bound", "peer_torch_ms",
-          "ratio_vs_torch", "same_ids_as_fp32", "explained", "tiles", "error")}
+          "ratio_vs_torch", "same_ids_as_fp32", "explained", "tiles", "error") + (
+              ("kernel_ms", "after_kernel_ms", "kernel_ratio_vs_bound")
+              if strategy == "pallas_blockmax" else ())}
     timed = {k: v for k, v in found.items() if v.get("ms")}
     if timed:
       found["best"] = min(timed, key=lambda k: timed[k]["ms"])
@@ -386,9 +402,10 @@ def main(argv=None) -> int:
                  help="seconds for the whole check (probes and every step)")
   p.add_argument("--steps", default="", help="comma list of steps to run (default: all)")
   p.add_argument("--kernels", action="store_true",
-                 help="the issue-42 subset in at most 335 s on a GPU: device, tests_device (the "
+                 help="the issue-42 subset in at most 300 s on a GPU: device, tests_device (the "
                       "exactness and Pallas kernel tests), topk (32 x 1M and 1,000 x 200k: XLA "
-                      "scan, Pallas sweep, torch), mol (TopKAvg on 1M items, both selections)")
+                      "scan, both Pallas strategies' sweeps, torch); mol (TopKAvg on 1M items, "
+                      "both selections) only with --steps")
   args = p.parse_args(argv)
   out = os.path.abspath(args.out)
   os.makedirs(out, exist_ok=True)
@@ -411,7 +428,7 @@ def main(argv=None) -> int:
   records = []
   chosen = {s for s in args.steps.split(",") if s}
   if args.kernels and not chosen:
-    chosen = {"device", "tests_device", "topk", "mol"}
+    chosen = {"device", "tests_device", "topk"}
   try:
     for step in steps(out, args.reduced, accelerator, tmp, torch_ok, args.kernels):
       if chosen and step["name"] not in chosen:

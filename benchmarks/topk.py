@@ -64,7 +64,11 @@ elsewhere), at each tile config of a small sweep (`--tiles`, default `TILE_SWEEP
 `tile_sweep_ms` holds every config's ms, the row the best; each config compiled and its ids
 checked before timing, so compile time is excluded; a config that fails to compile is listed
 in `tile_errors` and the run goes on), `same_ids_as_fp32` against the XLA scan, explained per
-query (`id_agreement`) where they differ.
+query (`id_agreement`) where they differ. "pallas_blockmax" (`--strategies xla,pallas,
+pallas_blockmax`) adds a `pallas_blockmax_<case>` row the same way (`--blockmax-tiles`, its own
+sweep): `exact.blockmax_topk`, a Pallas kernel writing each query's maximum per group of G docs,
+then the XLA selection; with its kernel alone timed in the same rounds (`kernel_ms`: the dot
+and the group maxima; `after_kernel_ms`: the selection and rescoring after it).
 Each case also reports its achieved GFLOP/s (2 B N w / time; the certified case counts its bound
 scan's width r + 1) and table bandwidth (N w bytes / time) and their fractions of the device's
 peaks, measured in the same run (a copy and float32 / bf16 matmuls, `timing.measure_peaks`; on a
@@ -111,13 +115,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="comma list of the scan's selections to time beside the default "
                       "(top_k,argmax: `scan_selection_ms`; exact.default_selection per device)")
   p.add_argument("--strategies", default="xla",
-                 help="comma list: xla (the chunked scan) and/or pallas (the fused Pallas "
-                      "scan-and-select kernel, a `pallas_<case>` row beside the scan's; "
-                      "interpret mode off a GPU)")
+                 help="comma list: xla (the chunked scan), pallas (the fused Pallas "
+                      "scan-and-select kernel) and pallas_blockmax (Pallas group maxima + XLA "
+                      "selection): a `<strategy>_<case>` row beside the scan's; interpret mode "
+                      "off a GPU")
   p.add_argument("--tiles", default="",
-                 help="the Pallas kernel's tile configs to sweep, ';'-separated "
-                      "tq.td.steps.num_warps.num_stages[.noskip] (default: TILE_SWEEP per "
+                 help="the pallas strategy's tile configs to sweep, ';'-separated "
+                      "tq.td.steps.num_warps.num_stages[.wkN][.passes][.noskip] (default: "
+                      "TILE_SWEEP per "
                       "device and query count)")
+  p.add_argument("--blockmax-tiles", default="",
+                 help="the pallas_blockmax strategy's tile configs, as --tiles with .gN (the "
+                      "group of docs per maximum, dividing td; default 16)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", default=None, help="write the results here")
   return p.parse_args(argv)
@@ -143,20 +152,45 @@ from bilinear_ir import allocator, files, scorers  # noqa: E402
 from bilinear_ir import timing  # noqa: E402
 from bilinear_ir.retrieval import certified, exact, pallas_topk, sharded  # noqa: E402
 
-# The Pallas kernel's tile sweep on a GPU (tq.td.steps.num_warps.num_stages): few queries (the
-# 32 x 1M case: one query tile, many doc blocks) and many (1,000 x 200k: compute-bound tiles).
-TILE_SWEEP = {"few": ("32.64.32.4.2", "32.128.16.4.2", "32.128.32.8.3", "32.64.64.4.3",
-                      "16.128.32.4.2"),
-              "many": ("64.64.32.4.2", "64.128.16.8.2", "128.128.16.8.2", "128.64.32.8.3",
-                       "64.128.32.4.3")}
+# The Pallas kernels' tile sweeps on a GPU (tq.td.steps.num_warps.num_stages[.wkN][.gN]), per
+# strategy: few queries (the 32 x 1M case: one query tile, many doc blocks) and many (1,000 x
+# 200k: compute-bound tiles). Every config fits the H200's 232,448 bytes of shared memory per
+# program (`shared_bytes`): td = 128 or 3 stages read the width in chunks of wk = 64 (or 32)
+# columns (round 1: td = 128 at wk = 128 and num_stages = 3 asked for 245,776 to 491,536 bytes
+# and failed to compile). ".passes" is round 1's merge, the baseline of the default `insert`.
+TILE_SWEEP = {
+    "pallas": {"few": ("32.64.32.4.2", "32.128.16.4.2.wk64", "32.64.32.4.2.passes"),
+               "many": ("64.64.32.4.2", "64.128.16.8.2.wk64")},
+    "pallas_blockmax": {
+        "few": ("32.64.16.4.2.g16", "32.128.16.8.2.wk64.g32", "16.128.16.4.2.wk64.g16",
+                "32.256.8.8.2.wk32.g32"),
+        "many": ("64.128.16.8.2.wk64.g16", "128.128.8.8.2.wk64.g32", "128.64.16.8.2.wk64.g16",
+                 "128.128.8.8.3.wk32.g32")},
+}
+PALLAS_STRATEGIES = tuple(TILE_SWEEP)
+SHARED_BYTES = 232_448  # shared memory per program on an H100 / H200 (Triton's limit there)
+
+
+def shared_bytes(tiles: pallas_topk.Tiles) -> int:
+  """The shared memory a Pallas scan program asks Triton for, as round 1's compile errors on
+  one H200 fit it: 1.5 x the pipelined dot operands, (tq + td) wk 4 bytes per stage (32.128.16
+  at wk 128, 2 stages: 245,760 + 16 requested)."""
+  return int(1.5 * (tiles.tq + tiles.td) * tiles.wk * 4 * (tiles.num_stages or 2))
 
 
 def parse_tiles(text: str, width: int) -> pallas_topk.Tiles:
-  """"tq.td.steps.num_warps.num_stages[.noskip]" -> `pallas_topk.Tiles` (wk from the width)."""
+  """"tq.td.steps.num_warps.num_stages[.wkN][.gN][.passes][.noskip]" -> `pallas_topk.Tiles`:
+  wkN the width chunk (default the power of two >= w, at most 128), gN blockmax's group (default
+  16), passes: round 1's k passes per step (`insert=False`), noskip: without their skip."""
   parts = text.split(".")
   tq, td, steps, warps, stages = (int(x) for x in parts[:5])
-  return pallas_topk.Tiles(tq=tq, td=td, steps=steps, wk=int(min(128, pallas_topk.next_pow2(
-      width))), num_warps=warps, num_stages=stages, skip=parts[5:] != ["noskip"])
+  extra = parts[5:]
+  wk = next((int(x[2:]) for x in extra if x.startswith("wk")),
+            int(min(128, pallas_topk.next_pow2(width))))
+  group = next((int(x[1:]) for x in extra if x.startswith("g")), 16)
+  return pallas_topk.Tiles(tq=tq, td=td, steps=steps, wk=wk, num_warps=warps,
+                           num_stages=stages, skip="noskip" not in extra, group=group,
+                           insert="passes" not in extra)
 
 
 def hardware(setup: faiss_peer.FaissSetup | None) -> str:
@@ -339,58 +373,81 @@ class Runner:
     return {name: ms.get(name) for name in ("faiss", "matmul", "numpy")} | ms
 
   def pallas_variants(self, qj, dj, k: int, truth, fns: dict) -> dict:
-    """Adds the fused Pallas kernel (`exact.topk(strategy="pallas")`) at each tile config to
-    `fns` as `pallas@<config>` (`--tiles`, else TILE_SWEEP on a GPU, the default tiles off it),
-    when --strategies has pallas. Each config is run once first (compiled: compile time is not
-    timed) and checked against the float32 scan's ids `truth`; a config that fails is left out
-    and its error kept. Returns {"configs": {config: same_ids}, "errors": {config: error}}."""
-    if "pallas" not in self.args.strategies.split(","):
-      return {}
+    """Adds each Pallas strategy of --strategies (`PALLAS_STRATEGIES`: `exact.topk(strategy=)`)
+    at each tile config to `fns` as `<strategy>@<config>` (`--tiles` / `--blockmax-tiles`, else
+    TILE_SWEEP on a GPU, the default tiles off it), and for pallas_blockmax its kernel alone
+    (`pallas_topk.group_maxima`, no selection after it) as `<strategy>_kernel@<config>`. Each
+    config is run once first (compiled: compile time is not timed) and checked against the
+    float32 scan's ids `truth`; a config that fails is left out and its error kept.
+    Returns {strategy: {"configs": {config: same_ids}, "errors": {config: error}}}."""
     b, w = qj.shape
-    if self.args.tiles:
-      configs = [c for c in self.args.tiles.split(";") if c]
-    elif jax.default_backend() == "gpu":
-      configs = list(TILE_SWEEP["few" if b <= 64 else "many"])
-    else:
-      t = pallas_topk.default_tiles(b, w)
-      configs = [f"{t.tq}.{t.td}.{t.steps}.{t.num_warps}.{t.num_stages}"]
-    out = {"configs": {}, "errors": {}}
-    for cfg in configs:
-      tiles = parse_tiles(cfg, w)
-      fn = lambda tiles=tiles: exact.topk(qj, dj, k, strategy="pallas", tiles=tiles)
-      try:
-        res = jax.block_until_ready(fn())
-      except Exception as e:  # pylint: disable=broad-except  (recorded; the run goes on)
-        out["errors"][cfg] = f"{type(e).__name__}: {str(e)[:400]}"
-        print(f"  pallas {cfg}: FAILED {out['errors'][cfg]}", flush=True)
-        continue
-      out["configs"][cfg] = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
-      fns[f"pallas@{cfg}"] = fn
+    out = {}
+    for strategy in (s for s in self.args.strategies.split(",") if s in PALLAS_STRATEGIES):
+      given = self.args.tiles if strategy == "pallas" else self.args.blockmax_tiles
+      if given:
+        configs = [c for c in given.split(";") if c]
+      elif jax.default_backend() == "gpu":
+        configs = list(TILE_SWEEP[strategy]["few" if b <= 64 else "many"])
+      else:
+        t = pallas_topk.default_tiles(b, w)
+        configs = [f"{t.tq}.{t.td}.{t.steps}.{t.num_warps}.{t.num_stages}.g{t.group}"]
+      found = out[strategy] = {"configs": {}, "errors": {}}
+      for cfg in configs:
+        tiles = parse_tiles(cfg, w)
+        fn = lambda tiles=tiles, s=strategy: exact.topk(qj, dj, k, strategy=s, tiles=tiles)
+        try:
+          res = jax.block_until_ready(fn())
+          if strategy == "pallas_blockmax":
+            kernel = lambda tiles=tiles: pallas_topk.group_maxima(
+                qj, dj, tiles, pallas_topk.interpret_default())
+            jax.block_until_ready(kernel())
+            fns[f"{strategy}_kernel@{cfg}"] = kernel
+        except Exception as e:  # pylint: disable=broad-except  (recorded; the run goes on)
+          found["errors"][cfg] = f"{type(e).__name__}: {str(e)[:400]}"
+          print(f"  {strategy} {cfg}: FAILED {found['errors'][cfg]}", flush=True)
+          continue
+        found["configs"][cfg] = bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids)))
+        fns[f"{strategy}@{cfg}"] = fn
     return out
 
-  def record_pallas(self, tag, b, n, w, k, ms, truth, qj, dj, sweep, torch_ms):
-    """The `pallas_<tag>` row: the best tile config's time (`tile_sweep_ms`: every config), its
-    ids against the float32 scan's (`same_ids_as_fp32`, explained per query by
-    `id_agreement`); a row with `error` when no config ran."""
-    if not sweep:
-      return
-    times = {c: round(ms[f"pallas@{c}"], 3) for c in sweep["configs"]}
-    if not times:
-      case = {"name": f"pallas_{tag}", "strategy": "pallas", "queries": b, "docs": n, "dim": w,
-              "k": k, "ms": None, "error": sweep["errors"], "tile_sweep_ms": {}}
-      self.cases.append(case)
-      print(f"pallas_{tag}: every tile config failed: {sweep['errors']}", flush=True)
-      return
-    best = min(times, key=times.get)
-    tiles = parse_tiles(best, w)
-    res = exact.topk(qj, dj, k, strategy="pallas", tiles=tiles)
-    self.record(f"pallas_{tag}", b, n, w, k, "float32", ms[f"pallas@{best}"], ms["faiss"],
-                ms["matmul"], "exact.topk(strategy='pallas'): fused Pallas scan-and-select",
-                torch_ms=torch_ms, strategy="pallas", tiles=best, tile_sweep_ms=times,
-                tile_errors=sweep["errors"], interpret=pallas_topk.interpret_default(),
-                same_ids_as_fp32=bool(np.array_equal(np.asarray(res.ids),
-                                                     np.asarray(truth.ids))),
-                **id_agreement(qj, dj, res.ids, truth.ids))
+  def record_pallas(self, tag, b, n, w, k, ms, truth, qj, dj, sweeps, torch_ms):
+    """Per Pallas strategy, the `<strategy>_<tag>` row: the best tile config's time
+    (`tile_sweep_ms`: every config), its ids against the float32 scan's (`same_ids_as_fp32`,
+    explained per query by `id_agreement`); for pallas_blockmax also its kernel alone at the
+    best config (`kernel_ms`: the dot and the group maxima; `after_kernel_ms` = ms - kernel_ms:
+    the XLA selection and rescoring after it; `kernel_sweep_ms`: every config's kernel;
+    `kernel_ratio_vs_bound`); a row with `error` when no config ran."""
+    for strategy, sweep in sweeps.items():
+      name = f"{strategy}_{tag}"
+      times = {c: round(ms[f"{strategy}@{c}"], 3) for c in sweep["configs"]}
+      if not times:
+        self.cases.append({"name": name, "strategy": strategy, "queries": b, "docs": n,
+                           "dim": w, "k": k, "ms": None, "error": sweep["errors"],
+                           "tile_sweep_ms": {}})
+        print(f"{name}: every tile config failed: {sweep['errors']}", flush=True)
+        continue
+      best = min(times, key=times.get)
+      res = exact.topk(qj, dj, k, strategy=strategy, tiles=parse_tiles(best, w))
+      extra = {}
+      if strategy == "pallas_blockmax":
+        kernel = {c: round(ms[f"{strategy}_kernel@{c}"], 3) for c in sweep["configs"]}
+        extra = {"kernel_ms": kernel[best],
+                 "after_kernel_ms": round(ms[f"{strategy}@{best}"] - kernel[best], 3),
+                 "kernel_sweep_ms": kernel}
+      row = self.record(
+          name, b, n, w, k, "float32", ms[f"{strategy}@{best}"], ms["faiss"], ms["matmul"],
+          f"exact.topk(strategy={strategy!r}): " + (
+              "fused Pallas scan-and-select" if strategy == "pallas" else
+              "Pallas group maxima + XLA selection of the k best groups, rescored"),
+          torch_ms=torch_ms, strategy=strategy, tiles=best, tile_sweep_ms=times,
+          tile_errors=sweep["errors"], interpret=pallas_topk.interpret_default(),
+          same_ids_as_fp32=bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids))),
+          **extra, **id_agreement(qj, dj, res.ids, truth.ids))
+      if extra:
+        row["kernel_ratio_vs_bound"] = round(extra["kernel_ms"] / row["bound_ms"], 3)
+        print(f"  {name}: dot + max in the kernel {extra['kernel_ms']:.3f} ms "
+              f"(ratio_vs_bound {row['kernel_ratio_vs_bound']}); selection after "
+              f"{extra['after_kernel_ms']:.3f} ms", flush=True)
 
   def record(self, name, b, n, w, k, dtype, ms, faiss_ms, matmul_ms, method, scan_dtype=None,
              faiss_key="faiss", scan_width=None, torch_ms=None, torch_key="torch",
@@ -438,6 +495,7 @@ class Runner:
           f"({bound['bound_limit']}) ratio_vs_bound {case['ratio_vs_bound']}  vs faiss "
           f"{case['ratio_vs_faiss']}  vs matmul {case['ratio_vs_matmul']}  vs torch "
           f"{case['ratio_vs_torch']}  {gflops:.0f} GFLOP/s  [{method}] {more}", flush=True)
+    return case
 
   # ---- cases -----------------------------------------------------------------------------------
 

@@ -198,9 +198,12 @@ def measure_peaks(repeats: int = 5) -> dict[str, Any]:
   of a copy by every core at once (`host_copy_gb_per_s`) and XLA's copy (`x * 1`); on an
   accelerator, a device-to-device copy by XLA. `read_gb_per_s`, the bound of every memory-limited
   scan (a scan only reads): a reduction (sum) of a float32 array, by XLA, and on a CPU also by
-  every core at once (`host_read_gb_per_s`), the larger kept, so no memory-bound code of the run
-  can beat it by using other threads. Sizes: 256 MiB and n = 2,048 on CPU, 1 GiB and n = 8,192
-  on accelerators.
+  every core at once (`host_read_gb_per_s`); on an accelerator also XLA's row sums of a
+  [rows, READ_ROW_WIDTH] array shaped like a scan's table and torch's sum of the same bytes on
+  the same device where torch has it (`torch_read_gb_per_s`: the hardware's rate, measured by a
+  peer); the largest kept, so no memory-bound code of the run can beat it by using other
+  threads or another reduction. Sizes: 256 MiB and n = 2,048 on CPU, 1 GiB and n = 8,192 on
+  accelerators.
 
   Returns:
     {"gb_per_s", "read_gb_per_s", "f32_gflops", "bf16_gflops", "default_gflops",
@@ -218,13 +221,22 @@ def measure_peaks(repeats: int = 5) -> dict[str, Any]:
     copy["threads"] = read["threads"] = os.cpu_count()
     copy["all_cores_gb_per_s"] = round(host_copy_gb_per_s(words, repeats), 2)
     read["all_cores_gb_per_s"] = round(host_read_gb_per_s(words, repeats), 2)
+  else:
+    rows = jax.random.uniform(jax.random.key(3), (words // READ_ROW_WIDTH, READ_ROW_WIDTH),
+                              jnp.float32)
+    read["xla_rows_gb_per_s"] = round(4 * rows.size / best_s(lambda: _row_sums(rows), repeats)
+                                      / 1e9, 2)
+    read["xla_rows_how"] = f"row sums of a float32 [{rows.shape[0]}, {READ_ROW_WIDTH}] array"
+    del rows
+    read["torch_gb_per_s"], read["torch_how"] = torch_read_gb_per_s(words, repeats)
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   f32 = best_s(lambda: _matmul(a, a), repeats)
   default = best_s(lambda: _matmul_default(a, a), repeats)
   b = a.astype(jnp.bfloat16)
   bf16 = best_s(lambda: _matmul(b, b), repeats)
   return {"gb_per_s": max(xla, copy.get("all_cores_gb_per_s", 0.0)),
-          "read_gb_per_s": max(xla_read, read.get("all_cores_gb_per_s", 0.0)),
+          "read_gb_per_s": max(xla_read, *(read.get(key) or 0.0 for key in (
+              "all_cores_gb_per_s", "xla_rows_gb_per_s", "torch_gb_per_s"))),
           "f32_gflops": 2 * n ** 3 / f32 / 1e9, "bf16_gflops": 2 * n ** 3 / bf16 / 1e9,
           "default_gflops": 2 * n ** 3 / default / 1e9, "source": "measured", "copy": copy,
           "read": read}
@@ -232,6 +244,30 @@ def measure_peaks(repeats: int = 5) -> dict[str, Any]:
 
 _copy = jax.jit(lambda v: v * 1.0)
 _read = jax.jit(jnp.sum)
+_row_sums = jax.jit(lambda v: jnp.sum(v, axis=1))
+READ_ROW_WIDTH = 384  # the row-sum read probe's width: a scan's table at width 384
+
+
+def torch_read_gb_per_s(words: int, repeats: int = 5) -> tuple[float | None, str]:
+  """torch's read rate of the accelerator jax runs on: `torch.sum` of a float32 CUDA tensor of
+  `words` elements, synchronized, best of `repeats` after one warm-up; GB/s of bytes read.
+  (None, why) where torch is missing or has no CUDA device. The tensor is freed afterwards."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None, "torch is not installed"
+  if not torch.cuda.is_available() or jax.devices()[0].platform != "gpu":
+    return None, "no CUDA device for torch beside jax's GPU"
+  x = torch.rand(words, device="cuda", dtype=torch.float32)
+
+  def run():
+    x.sum()
+    torch.cuda.synchronize()
+
+  rate = 4 * words / best_s(run, repeats) / 1e9
+  del x
+  torch.cuda.empty_cache()
+  return round(rate, 2), f"torch {torch.__version__} sum of a float32 CUDA tensor"
 _matmul = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precision.HIGHEST,
                                           preferred_element_type=jnp.float32))
 # float32 operands at the backend's default precision (CPU: float32; GPU: TF32; TPU: bf16 passes)
@@ -324,7 +360,12 @@ def peaks_line(peaks: dict[str, Any]) -> str:
       detail = (f" (XLA copy {how['xla_gb_per_s']:.1f}"
                 + (f", {how['threads']} threads {how['all_cores_gb_per_s']:.1f}"
                    if "threads" in how else "") + ")") if how else ""
-      read = f"read {p['read_gb_per_s']:.1f} GB/s, " if p.get("read_gb_per_s") else ""
+      probes = {label: (p.get("read") or {}).get(key) for label, key in (
+          ("XLA sum", "xla_gb_per_s"), ("XLA row sums", "xla_rows_gb_per_s"),
+          ("torch sum", "torch_gb_per_s"), ("all cores", "all_cores_gb_per_s"))}
+      probes = ", ".join(f"{label} {v:.1f}" for label, v in probes.items() if v)
+      read = (f"read {p['read_gb_per_s']:.1f} GB/s{f' ({probes})' if probes else ''}, "
+              if p.get("read_gb_per_s") else "")
       parts.append(f"{name}: {read}copy {p['gb_per_s']:.1f} GB/s{detail}, float32 matmul "
                    f"{p['f32_gflops']:.0f} GFLOP/s, bf16 {bf} GFLOP/s ({p['source']})")
     else:

@@ -41,3 +41,23 @@ def test_interleaved_read_probe_raises_the_bandwidth_only():
   assert out["read_gb_per_s"] == pytest.approx(6000.0)  # faster than at the start: raised
   out = timing.with_interleaved_peaks(PEAKS, {"peak_read": 1.0}, 1.0, read_bytes=1.5e9)
   assert out["read_gb_per_s"] == 4000.0 and out["read_gb_per_s_interleaved"] == 1500.0
+
+
+def test_read_probes_named_in_the_peaks_line():
+  # the read bound is the largest probe; the line names each probe's rate
+  peaks = {"measured": PEAKS | {"source": "measured", "read": {
+      "xla_gb_per_s": 2849.0, "xla_rows_gb_per_s": 3100.5, "torch_gb_per_s": None}}}
+  line = timing.peaks_line(peaks)
+  assert "read 4000.0 GB/s (XLA sum 2849.0, XLA row sums 3100.5)" in line
+  assert "torch sum" not in line
+
+
+def test_torch_read_probe_needs_a_cuda_device_beside_jax():
+  # this test runs where jax's default device is no GPU (CI) or torch lacks CUDA: no rate, why
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.devices()[0].platform == "gpu":
+    rate, how = timing.torch_read_gb_per_s(1 << 20, repeats=2)
+    assert rate is None or (rate > 0 and "torch" in how)
+  else:
+    rate, how = timing.torch_read_gb_per_s(1 << 20, repeats=2)
+    assert rate is None and how

@@ -38,7 +38,9 @@ matmuls on CPUs with AVX512-BF16) plus a float32 rescoring of a few candidates p
 
 Strategies (`topk(strategy=...)`, `default_strategy`): "xla", the chunked scan above; "pallas",
 `fused_topk`, a fused scan-and-select kernel (`pallas_topk`) that streams the doc table once and
-writes only each doc block's k best per query, merged here: the same exact float32 result.
+writes only each doc block's k best per query, merged here: the same exact float32 result;
+"pallas_blockmax", `blockmax_topk`: a Pallas kernel that writes only each query's maximum over
+each group of G docs, then the block logic above in XLA (the k best groups, their docs rescored).
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ DEFAULT_QUERY_CHUNK = 1024  # queries per scan
 MAX_BLOCK = 32              # largest block of docs summarised by its maximum
 ARGMAX_MAX_K = 16           # GPUs: k up to this selects by k argmax passes (`selection`)
 SELECTIONS = ("top_k", "argmax")  # how the scan picks its k best blocks and docs (`selection`)
-STRATEGIES = ("xla", "pallas")  # the XLA chunked scan, or the fused Pallas kernel (`strategy`)
+STRATEGIES = ("xla", "pallas", "pallas_blockmax")  # the XLA scan or a Pallas kernel (`strategy`)
 PRECISION = lax.Precision.HIGHEST  # float32 score matmuls on every backend (module docstring)
 NO_DOC = np.iinfo(np.int32).max  # id of a padding slot (only returned when fewer than k docs)
 
@@ -206,6 +208,43 @@ def fused_topk(qt: jax.Array, dt: jax.Array, k: int, tiles: pallas_topk.Tiles | 
     ids = jnp.pad(ids, ((0, 0), (0, pad)), constant_values=NO_DOC)
   res = merge(scores, ids, k)
   return TopK(res.scores, jnp.where(res.ids == NO_DOC, NO_DOC, res.ids + id_offset))
+
+
+def blockmax_topk(qt: jax.Array, dt: jax.Array, k: int, tiles: pallas_topk.Tiles | None = None,
+                  id_offset=0, interpret: bool | None = None, selection: str | None = None
+                  ) -> TopK:
+  """Exact top-k by group maxima from a Pallas kernel: qt [B, w], dt [N, w] -> TopK [B, k].
+
+  The kernel (`pallas_topk.group_maxima`) streams the table once and writes each query's
+  maximum over each group of G = `tiles.group` docs ([B, N / G] float32, no running top-k).
+  Then the module's block logic in XLA: the k best groups by (max desc, group id asc) hold the
+  k best docs (module docstring); their k G docs are rescored (float32 products and sums, the
+  gather fused into the reduction: k G w reads per query, no [B, k G, w] copy) and `_finish`
+  picks the k best by (score desc, id asc). Ties by lower id; slots past N get -inf / NO_DOC.
+  The kernel's and the rescoring's float32 sums run in different orders: a group whose maximum
+  ties another's to within float32 rounding may be ranked either way (as the XLA scan against
+  `fused_topk`). Traceable.
+
+  Args:
+    qt: [B, w]; dt: [N, w] float32 or bfloat16; k: results per query.
+    tiles: `pallas_topk.Tiles` (None: `pallas_topk.default_tiles(B, w)`), G = tiles.group.
+    id_offset: added to every real id.
+    interpret: Pallas interpret mode (None: unless the default backend is a GPU).
+    selection: how the k best groups and docs are picked (None: `default_selection`).
+  """
+  tiles = pallas_topk.default_tiles(*qt.shape) if tiles is None else tiles
+  interpret = pallas_topk.interpret_default() if interpret is None else interpret
+  selection = default_selection(k) if selection is None else selection
+  n, g = dt.shape[0], tiles.group
+  maxima = pallas_topk.group_maxima(qt, dt, tiles, interpret)  # [B, NG]
+  if maxima.shape[1] < k:  # fewer groups than k: empty groups past N
+    maxima = jnp.pad(maxima, ((0, 0), (0, k - maxima.shape[1])), constant_values=-jnp.inf)
+  top, blocks = _select(maxima, k, selection)  # ties: the lower group id
+  rows = blocks[:, :, None] * g + jnp.arange(g, dtype=jnp.int32)  # [B, k, G]
+  docs = dt[jnp.minimum(rows, n - 1)].astype(jnp.float32)  # [B, k, G, w], fused below
+  scores = jnp.sum(docs * qt.astype(dt.dtype).astype(jnp.float32)[:, None, None, :], axis=-1)
+  scores = jnp.where(rows < n, scores, -jnp.inf)
+  return _finish(_State(top, scores, blocks.astype(jnp.int32)), k, n, id_offset, selection)
 
 
 def argmax_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -458,6 +497,7 @@ def _topk_jit(qt, dt, row_valid, k, chunk, block, id_offset, unroll=None, select
 
 
 _pallas_jit = jax.jit(fused_topk, static_argnames=("k", "tiles", "interpret"))
+_blockmax_jit = jax.jit(blockmax_topk, static_argnames=("k", "tiles", "interpret", "selection"))
 
 
 def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int | None = None,
@@ -479,8 +519,9 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     query_chunk: queries per scan (queries are tiled; the last tile is padded, not recompiled).
     id_offset: added to every returned id.
     row_valid: None or [N] bool; False rows are never returned (they must leave >= k rows).
-    strategy: "xla" (the chunked scan) or "pallas" (the fused kernel, `pallas_topk`; chunk,
-      block, unroll, selection and row_valid do not apply) (None: `default_strategy`).
+    strategy: "xla" (the chunked scan), "pallas" (the fused kernel, `fused_topk`) or
+      "pallas_blockmax" (group maxima by a kernel, `blockmax_topk`); chunk, block, unroll and
+      row_valid apply to "xla" only (None: `default_strategy`).
     tiles: the Pallas kernel's `pallas_topk.Tiles` (None: `pallas_topk.default_tiles`).
 
   Returns:
@@ -499,8 +540,8 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     raise input_error("chunk, query_chunk and block must be >= 1", file="retrieval",
                       field="chunk")
   strategy = default_strategy(k) if strategy is None else strategy
-  if strategy not in STRATEGIES or (strategy == "pallas" and row_valid is not None):
-    raise input_error(f"must be one of {STRATEGIES} (pallas: without row_valid), got "
+  if strategy not in STRATEGIES or (strategy != "xla" and row_valid is not None):
+    raise input_error(f"must be one of {STRATEGIES} (pallas*: without row_valid), got "
                       f"{strategy!r}", file="retrieval", field="strategy")
   qt = jnp.asarray(query_table)
   dt = jnp.asarray(doc_table)
@@ -513,6 +554,9 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     if strategy == "pallas":
       res = _pallas_jit(tile, dt, k, tiles, jnp.int32(id_offset),
                         pallas_topk.interpret_default())
+    elif strategy == "pallas_blockmax":
+      res = _blockmax_jit(tile, dt, k, tiles, jnp.int32(id_offset),
+                          pallas_topk.interpret_default(), selection)
     else:
       res = _topk_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset), unroll,
                       selection)

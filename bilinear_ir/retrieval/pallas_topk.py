@@ -6,12 +6,18 @@ rows at a time, against its query tile [tq, w] (reloaded per step from the cache
 no registers): the [tq, td] float32 scores of a step (float32 products and float32
 accumulation: `lax.Precision.HIGHEST`, which the Triton lowering runs as
 `input_precision="ieee"`, not TF32) are merged into a running top-k per query
-held in registers ([tq, kp] values and ids, kp the power of two >= k) by k passes of
-(max, lowest id among the entries equal to it, mask that id out): ties go to the lower doc id,
-as everywhere in `retrieval.exact`. Only the [B, blocks, k] candidates reach memory; the caller
+held in registers ([tq, kp] values and ids, kp the power of two >= k, unordered): by default
+(`insert`, `_insert_step`) each step entry that beats its query's worst kept entry replaces it,
+taken by (score desc, id asc), as long as one of the tile's queries has such an entry (so a
+step that changes nothing costs one test); else (`insert=False`, round 1's `_merge_step`) by k
+passes of (max, lowest id among the entries equal to it, mask that id out), a step whose every
+score is below each query's k-th best skipped (`skip`). Ties go to the lower doc id, as
+everywhere in `retrieval.exact`. Only the [B, blocks, k] candidates reach memory; the caller
 merges them (`exact.merge`, by (score desc, id asc)), so the result is the exact float32 top-k.
-A step whose every score is below each query's current k-th best is skipped (`skip`): the passes
-would not change the state.
+
+`group_maxima` (the `blockmax` kernel, `exact.topk(strategy="pallas_blockmax")`): the same grid
+and scores, but no running top-k: per step it writes each query's maximum over each group of G
+docs ([B, N / G] float32 reach memory); `exact.blockmax_topk` selects and rescores in XLA.
 
 `select_top_n` (the MoL top-N selection, `mol_topk.avg_top_n(strategy="pallas")`): per row of
 a [B, M] score matrix, the exact key of the n-th largest entry (`top_n_threshold`: a radix search
@@ -52,7 +58,11 @@ class Tiles(NamedTuple):
     wk: columns per width chunk.
     num_warps: Triton warps per program (None: Triton's default).
     num_stages: Triton pipelining stages (None: Triton's default).
-    skip: skip a step whose scores are all below each query's current k-th best.
+    insert: merge a step by `_insert_step` (each entering entry replaces the worst kept one,
+      as many times as entries enter) rather than by k passes (`_merge_step`).
+    skip: with k passes, skip a step whose scores are all below each query's k-th best.
+    group: docs per group of `group_maxima` (a power of two dividing td; unused by
+      `block_candidates`).
   """
   tq: int = 32
   td: int = 64
@@ -61,6 +71,8 @@ class Tiles(NamedTuple):
   num_warps: int | None = 4
   num_stages: int | None = 2
   skip: bool = True
+  group: int = 16
+  insert: bool = True
 
 
 def next_pow2(x: int) -> int:
@@ -101,32 +113,76 @@ def _merge_step(vals, ids, s, sid, k: int, no_doc: int):
   return new_v, new_i
 
 
+def _insert_step(vals, ids, s, sid, k: int):
+  """Inserts step scores s, ids sid [tq, td] into the running k best vals, ids [tq, kp]
+  (unordered; slots >= k hold +inf, never replaced): while some query's best remaining step
+  entry beats its worst kept entry, that entry replaces the worst one. Step ids exceed every
+  kept id, so an entry beats the worst only with a larger score (ties keep the lower id); the
+  step's entries are taken by (score desc, id asc) and the worst kept is (score asc, id desc).
+  The loop runs max over the tile's queries of the entries that enter (0 when none does, at
+  most td), two reductions over [tq, td] per entry, instead of k passes over everything."""
+  kcol = jnp.arange(vals.shape[1], dtype=jnp.int32)[None, :]
+
+  def worst(vals, ids):
+    w = jnp.min(vals, axis=1)  # [tq]
+    wid = jnp.max(jnp.where(vals == w[:, None], ids, -1), axis=1)
+    slot = jnp.max(jnp.where((vals == w[:, None]) & (ids == wid[:, None]), kcol, -1), axis=1)
+    return w, slot
+
+  def best(s):
+    m = jnp.max(s, axis=1)  # [tq]
+    return m, jnp.min(jnp.where(s == m[:, None], sid, jnp.iinfo(jnp.int32).max), axis=1)
+
+  def cond(state):
+    _, _, _, w, _, m, _ = state
+    return jnp.max(jnp.where(m > w, 1, 0)) > 0
+
+  def body(state):
+    vals, ids, s, w, slot, m, sel = state
+    put = (m > w)[:, None] & (kcol == slot[:, None])
+    vals, ids = jnp.where(put, m[:, None], vals), jnp.where(put, sel[:, None], ids)
+    s = jnp.where(sid == sel[:, None], -jnp.inf, s)
+    return (vals, ids, s, *worst(vals, ids), *best(s))
+
+  state = lax.while_loop(cond, body, (vals, ids, s, *worst(vals, ids), *best(s)))
+  return state[0], state[1]
+
+
+def _step_scores(q_ref, d_ref, qi, start, *, b: int, n: int, w: int, tiles: Tiles):
+  """The [tq, td] float32 scores of query tile qi against doc rows [start, start + td) (rows
+  past N score -inf), and the rows' validity [td] bool and ids [td] int32. The query tile is
+  reloaded per width chunk (cache hits), not held in registers."""
+  tq, td, wk = tiles.tq, tiles.td, tiles.wk
+  zero = qi * 0  # traced: a chunk past w is a masked load, not a static out-of-bound slice
+  q_rows = qi * tq + jnp.arange(tq, dtype=jnp.int32)
+  rows = start + jnp.arange(td, dtype=jnp.int32)
+  ok = rows < n
+  s = jnp.zeros((tq, td), jnp.float32)
+  for c in range(-(-w // wk)):
+    cols = c * wk + jnp.arange(wk, dtype=jnp.int32)
+    qc = plgpu.load(q_ref.at[pl.ds(qi * tq, tq), pl.ds(zero + c * wk, wk)],
+                    mask=(q_rows < b)[:, None] & (cols < w)[None, :], other=0.0)
+    dc = plgpu.load(d_ref.at[pl.ds(start, td), pl.ds(zero + c * wk, wk)],
+                    mask=ok[:, None] & (cols < w)[None, :], other=0.0)
+    s = s + lax.dot_general(qc.astype(dc.dtype), dc, (((1,), (1,)), ((), ())),
+                            precision=PRECISION, preferred_element_type=jnp.float32)
+  return jnp.where(ok[None, :], s, -jnp.inf), ok, rows
+
+
 def _scan_select_kernel(q_ref, d_ref, v_ref, i_ref, *, b: int, n: int, w: int, k: int,
                         tiles: Tiles, no_doc: int):
   """Program (i, j): queries [i tq, (i + 1) tq) x docs [j td steps, (j + 1) td steps)."""
-  tq, td, wk = tiles.tq, tiles.td, tiles.wk
+  tq, td = tiles.tq, tiles.td
   kp = v_ref.shape[-1]
   qi, bj = pl.program_id(0), pl.program_id(1)
-  zero = qi * 0  # traced: a chunk past w is a masked load, not a static out-of-bound slice
-  q_rows = qi * tq + jnp.arange(tq, dtype=jnp.int32)
   first = bj * (td * tiles.steps)
 
   def step(t, state):
     vals, ids = state
-    start = first + t * td
-    rows = start + jnp.arange(td, dtype=jnp.int32)
-    ok = rows < n
-    s = jnp.zeros((tq, td), jnp.float32)
-    for c in range(-(-w // wk)):  # the query tile is reloaded per step (cache hits), not held
-      cols = c * wk + jnp.arange(wk, dtype=jnp.int32)
-      qc = plgpu.load(q_ref.at[pl.ds(qi * tq, tq), pl.ds(zero + c * wk, wk)],
-                      mask=(q_rows < b)[:, None] & (cols < w)[None, :], other=0.0)
-      dc = plgpu.load(d_ref.at[pl.ds(start, td), pl.ds(zero + c * wk, wk)],
-                      mask=ok[:, None] & (cols < w)[None, :], other=0.0)
-      s = s + lax.dot_general(qc.astype(dc.dtype), dc, (((1,), (1,)), ((), ())),
-                              precision=PRECISION, preferred_element_type=jnp.float32)
-    s = jnp.where(ok[None, :], s, -jnp.inf)
+    s, ok, rows = _step_scores(q_ref, d_ref, qi, first + t * td, b=b, n=n, w=w, tiles=tiles)
     sid = jnp.broadcast_to(jnp.where(ok, rows, no_doc)[None, :], (tq, td))
+    if tiles.insert:
+      return _insert_step(vals, ids, s, sid, k)
     if not tiles.skip:
       return _merge_step(vals, ids, s, sid, k, no_doc)
     kcol = jnp.arange(kp, dtype=jnp.int32)[None, :]
@@ -135,10 +191,78 @@ def _scan_select_kernel(q_ref, d_ref, v_ref, i_ref, *, b: int, n: int, w: int, k
     return lax.cond(hit > 0, lambda: _merge_step(vals, ids, s, sid, k, no_doc),
                     lambda: (vals, ids))
 
-  init = (jnp.full((tq, kp), -jnp.inf, jnp.float32), jnp.full((tq, kp), no_doc, jnp.int32))
+  kcol = jnp.arange(kp, dtype=jnp.int32)[None, :]
+  # empty slots: -inf / no_doc; with `insert`, the slots >= k +inf (never the worst)
+  empty = jnp.where(kcol < k, -jnp.inf, jnp.inf if tiles.insert else -jnp.inf)
+  init = (jnp.broadcast_to(empty, (tq, kp)).astype(jnp.float32),
+          jnp.full((tq, kp), no_doc, jnp.int32))
   vals, ids = lax.fori_loop(0, tiles.steps, step, init)
   v_ref[...] = vals
   i_ref[...] = ids
+
+
+def _group_max_kernel(q_ref, d_ref, o_ref, *, b: int, n: int, w: int, tiles: Tiles):
+  """Program (i, j): queries [i tq, (i + 1) tq) x docs [j td steps, (j + 1) td steps); per
+  step, each query's maximum over each group of `tiles.group` docs, stored at the groups'
+  columns (group c holds docs [c G, (c + 1) G)). No running state: one dot and one max per
+  step."""
+  tq, td, g = tiles.tq, tiles.td, tiles.group
+  per = td // g
+  qi, bj = pl.program_id(0), pl.program_id(1)
+
+  def step(t, carry):
+    s, _, _ = _step_scores(q_ref, d_ref, qi, (bj * tiles.steps + t) * td, b=b, n=n, w=w,
+                           tiles=tiles)
+    gmax = jnp.max(s.reshape(tq, per, g), axis=2)  # [tq, per]
+    o_ref[pl.ds(qi * tq, tq), pl.ds((bj * tiles.steps + t) * per, per)] = gmax
+    return carry
+
+  lax.fori_loop(0, tiles.steps, step, 0)
+
+
+def _check_offsets(b: int, n: int, w: int, tiles: Tiles) -> None:
+  """ValueError unless the kernels' int32 offsets cannot overflow."""
+  if (n + tiles.td * tiles.steps) * w >= 1 << 31 or b * w >= 1 << 31:
+    raise ValueError(f"the Pallas scan indexes with int32 offsets: N w = {n} x {w} is too large "
+                     "(shard the table, `sharded`, or use strategy 'xla')")
+
+
+def _params(tiles: Tiles, interpret: bool):
+  # Triton's parameters also pick the Triton backend (without them a GPU pallas_call lowers
+  # through Mosaic GPU)
+  return None if interpret else plgpu.CompilerParams(num_warps=tiles.num_warps,
+                                                     num_stages=tiles.num_stages)
+
+
+@functools.partial(jax.jit, static_argnames=("tiles", "interpret"))
+def group_maxima(qt: jax.Array, dt: jax.Array, tiles: Tiles, interpret: bool = False
+                 ) -> jax.Array:
+  """Each query's maximum score over each group of G = `tiles.group` consecutive docs (the
+  `blockmax` kernel: one pass over the table, float32 scores as `block_candidates`).
+
+  Args:
+    qt: [B, w] float32; dt: [N, w] float32 or bfloat16; tiles: `Tiles` (group divides td).
+    interpret: Pallas interpret mode (CPU).
+
+  Returns:
+    [B, NG] float32, NG = blocks * td * steps / G >= ceil(N / G): column c is the maximum over
+    docs [c G, (c + 1) G) (-inf where all of them are past N).
+  """
+  b, w = qt.shape
+  n = dt.shape[0]
+  if tiles.td % tiles.group:
+    raise ValueError(f"the group ({tiles.group}) must divide td ({tiles.td})")
+  _check_offsets(b, n, w, tiles)
+  nq = -(-b // tiles.tq)
+  nb = -(-n // (tiles.td * tiles.steps))
+  kernel = functools.partial(_group_max_kernel, b=b, n=n, w=w, tiles=tiles)
+  out = pl.pallas_call(
+      kernel, grid=(nq, nb), in_specs=[pl.no_block_spec, pl.no_block_spec],
+      out_specs=pl.no_block_spec,
+      out_shape=jax.ShapeDtypeStruct((nq * tiles.tq, nb * tiles.steps * tiles.td // tiles.group),
+                                     jnp.float32),
+      compiler_params=_params(tiles, interpret), interpret=interpret, name="group_max")(qt, dt)
+  return out[:b]
 
 
 @functools.partial(jax.jit, static_argnames=("k", "tiles", "no_doc", "interpret"))
@@ -156,28 +280,24 @@ def block_candidates(qt: jax.Array, dt: jax.Array, k: int, tiles: Tiles, no_doc:
 
   Returns:
     (scores [B, blocks * k] float32, ids [B, blocks * k] int32), blocks = ceil(N / (td steps));
-    each block's k best by (score desc, id asc), for `exact.merge`.
+    each block's k best by (score desc, id asc) (in no order within the block with `insert`),
+    for `exact.merge`.
   """
   b, w = qt.shape
   n = dt.shape[0]
-  if (n + tiles.td * tiles.steps) * w >= 1 << 31 or b * w >= 1 << 31:
-    raise ValueError(f"the Pallas scan indexes with int32 offsets: N w = {n} x {w} is too large "
-                     "(shard the table, `sharded`, or use strategy 'xla')")
+  _check_offsets(b, n, w, tiles)
   kp = next_pow2(k)
   nq = -(-b // tiles.tq)
   nb = -(-n // (tiles.td * tiles.steps))
   kernel = functools.partial(_scan_select_kernel, b=b, n=n, w=w, k=k, tiles=tiles,
                              no_doc=no_doc)
   out_spec = pl.BlockSpec((tiles.tq, None, kp), lambda i, j: (i, j, 0))
-  # Triton's parameters also pick the Triton backend (without them a GPU pallas_call lowers
-  # through Mosaic GPU)
-  params = plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
   vals, ids = pl.pallas_call(
       kernel, grid=(nq, nb), in_specs=[pl.no_block_spec, pl.no_block_spec],
       out_specs=[out_spec, out_spec],
       out_shape=[jax.ShapeDtypeStruct((nq * tiles.tq, nb, kp), jnp.float32),
                  jax.ShapeDtypeStruct((nq * tiles.tq, nb, kp), jnp.int32)],
-      compiler_params=None if interpret else params, interpret=interpret,
+      compiler_params=_params(tiles, interpret), interpret=interpret,
       name="scan_select")(qt, dt)
   return (vals[:b, :, :k].reshape(b, nb * k), ids[:b, :, :k].reshape(b, nb * k))
 

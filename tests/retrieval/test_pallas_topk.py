@@ -16,7 +16,9 @@ from bilinear_ir.errors import InputError
 from bilinear_ir.retrieval import exact, mol_topk, pallas_topk
 
 INTERPRET = pallas_topk.interpret_default()
-TILES = pallas_topk.Tiles(tq=16, td=16, steps=3, wk=16)  # blocks of 48 docs, width chunks of 16
+# blocks of 48 docs, width chunks of 16, groups of 4 docs (blockmax)
+TILES = pallas_topk.Tiles(tq=16, td=16, steps=3, wk=16, group=4)
+VARIANTS = {"pallas": exact.fused_topk, "pallas_blockmax": exact.blockmax_topk}
 
 
 def twin64(q, d, k):
@@ -26,31 +28,43 @@ def twin64(q, d, k):
   return np.take_along_axis(s, order, axis=1), order
 
 
-def run(q, d, k, tiles=TILES, **kw):
-  res = exact.fused_topk(jnp.asarray(q), jnp.asarray(d), k, tiles, interpret=INTERPRET, **kw)
+def run(q, d, k, tiles=TILES, variant="pallas", **kw):
+  res = VARIANTS[variant](jnp.asarray(q), jnp.asarray(d), k, tiles, interpret=INTERPRET, **kw)
   return np.asarray(res.scores), np.asarray(res.ids)
 
 
-def test_exact_ties_by_lower_id_any_padding():
+variants = pytest.mark.parametrize("variant", list(VARIANTS))
+
+
+@variants
+def test_exact_ties_by_lower_id_any_padding(variant):
   # 37 queries (tiles of 16), 250 docs (blocks of 48), width 40 (chunks of 16): integer scores
   # with many exact ties, duplicates of one doc spread over blocks
   rng = np.random.default_rng(0)
   q = rng.integers(-2, 3, (37, 40)).astype(np.float32)
   d = rng.integers(-2, 3, (250, 40)).astype(np.float32)
   d[[60, 130, 249]] = d[7]
-  res = exact.topk(q, d, 10, strategy="pallas", tiles=TILES)  # the strategy switch
+  res = exact.topk(q, d, 10, strategy=variant, tiles=TILES)  # the strategy switch
   s64, i64 = twin64(q, d, 10)
   np.testing.assert_array_equal(np.asarray(res.ids), i64)
   np.testing.assert_array_equal(np.asarray(res.scores), s64.astype(np.float32))
   np.testing.assert_array_equal(np.asarray(exact.brute_force(q, d, 10).ids), i64)
-  # without the skip of steps that cannot enter the top-k: the same
-  np.testing.assert_array_equal(run(q, d, 10, TILES._replace(skip=False))[1], i64)
+  # round 1's k passes per step, with and without the skip of steps that cannot enter the
+  # top-k: the same
+  for skip in (True, False):
+    tiles = TILES._replace(insert=False, skip=skip)
+    np.testing.assert_array_equal(run(q, d, 10, tiles, variant)[1], i64)
   # every doc the same: ties everywhere, within each block and across them -> ids 0 .. 9
   same = np.tile(d[:1], (250, 1))
-  np.testing.assert_array_equal(run(q, same, 10)[1], np.tile(np.arange(10), (37, 1)))
+  np.testing.assert_array_equal(run(q, same, 10, variant=variant)[1],
+                                np.tile(np.arange(10), (37, 1)))
+  # groups of a whole step (G = td) and groups of 2: the same
+  for group in (2, 16):
+    np.testing.assert_array_equal(run(q, d, 10, TILES._replace(group=group), variant)[1], i64)
 
 
-def test_near_ties_one_ulp_apart():
+@variants
+def test_near_ties_one_ulp_apart(variant):
   # score = d[:, 0] (one-hot queries): values x and the next float32 above x in other blocks
   x = np.float32(1.0)
   up = np.nextafter(x, np.float32(2))
@@ -60,30 +74,50 @@ def test_near_ties_one_ulp_apart():
   d[[100, 3], 0] = up
   q = np.zeros((3, 24), np.float32)
   q[:, 0] = 1.0
-  scores, ids = run(q, d, 6)
+  scores, ids = run(q, d, 6, variant=variant)
   np.testing.assert_array_equal(ids, np.tile([3, 100, 5, 70, 129, 0], (3, 1)))
   np.testing.assert_array_equal(scores[0], np.array([up, up, x, x, x, 0.5], np.float32))
 
 
-def test_random_floats_against_float64():
+@variants
+def test_random_floats_against_float64(variant):
   rng = np.random.default_rng(1)
   q = rng.standard_normal((20, 33)).astype(np.float32)
   d = rng.standard_normal((300, 33)).astype(np.float32)
-  scores, ids = run(q, d, 7)
+  scores, ids = run(q, d, 7, variant=variant)
   s64, i64 = twin64(q, d, 7)
   np.testing.assert_array_equal(ids, i64)  # random gaps >> float32 rounding
   np.testing.assert_allclose(scores, s64, rtol=0, atol=33 * 2.0 ** -24 * 40)
 
 
-def test_k_beyond_the_docs_pads_with_no_doc():
+@variants
+@pytest.mark.parametrize("tiles", [TILES, TILES._replace(steps=1, group=16)])
+def test_k_beyond_the_docs_pads_with_no_doc(variant, tiles):
+  # one block, 6 real docs, k = 9 (groups of 4: 12 groups; of 16: one group, fewer than k)
   rng = np.random.default_rng(2)
   q = rng.integers(-3, 4, (5, 20)).astype(np.float32)
-  d = rng.integers(-3, 4, (6, 20)).astype(np.float32)  # one block, 6 real docs, k = 9
-  scores, ids = run(q, d, 9, id_offset=1000)
+  d = rng.integers(-3, 4, (6, 20)).astype(np.float32)
+  scores, ids = run(q, d, 9, tiles, variant, id_offset=1000)
   s64, i64 = twin64(q, d, 6)
   np.testing.assert_array_equal(ids[:, :6], i64 + 1000)
   np.testing.assert_array_equal(scores[:, :6], s64.astype(np.float32))
   assert (ids[:, 6:] == exact.NO_DOC).all() and (scores[:, 6:] == -np.inf).all()
+
+
+def test_group_maxima_against_float64():
+  # the blockmax kernel alone: each group's maximum, groups of 4, 250 docs (the last group
+  # has 2 docs, the columns past it -inf)
+  rng = np.random.default_rng(5)
+  q = rng.integers(-2, 3, (19, 40)).astype(np.float32)
+  d = rng.integers(-2, 3, (250, 40)).astype(np.float32)
+  got = np.asarray(pallas_topk.group_maxima(jnp.asarray(q), jnp.asarray(d), TILES, INTERPRET))
+  s = np.asarray(q, np.float64) @ np.asarray(d, np.float64).T
+  want = np.full((19, 63), -np.inf)
+  for c in range(63):
+    want[:, c] = s[:, 4 * c:4 * c + 4].max(axis=1)
+  assert got.shape == (19, 288 // 4)  # 6 blocks of 48 docs
+  np.testing.assert_array_equal(got[:, :63], want)
+  assert (got[:, 63:] == -np.inf).all()
 
 
 @pytest.mark.parametrize("n", [37, 300])
@@ -129,12 +163,17 @@ def test_triton_lowering_is_full_float32(monkeypatch):
   scan = functools.partial(pallas_topk.block_candidates, k=10, tiles=pallas_topk.Tiles(),
                            no_doc=exact.NO_DOC, interpret=False)
   jax.jit(scan).trace(q, d).lower(lowering_platforms=("cuda",))
+  gmax = functools.partial(pallas_topk.group_maxima, tiles=pallas_topk.Tiles(group=16),
+                           interpret=False)
+  jax.jit(gmax).trace(q, d).lower(lowering_platforms=("cuda",))
   thr = functools.partial(pallas_topk.top_n_threshold, n=100, interpret=False)
   jax.jit(thr).trace(jax.ShapeDtypeStruct((4, 5000), jnp.float32)).lower(
       lowering_platforms=("cuda",))
-  assert len(asm) >= 2  # the scan kernel, then the counting kernel (one per pass)
-  dots = [line for line in asm[0].splitlines() if "tt.dot" in line]
-  assert len(dots) == 3 and not any("tf32" in line for line in dots), dots  # 384 = 3 x 128
+  assert len(asm) >= 3  # the scan kernel, the group maxima, the counting kernel (per pass)
+  for text in asm[:2]:
+    dots = [line for line in text.splitlines() if "tt.dot" in line]
+    assert len(dots) == 3 and not any("tf32" in line for line in dots), dots  # 384 = 3 x 128
+  assert "tt.reshape" in asm[1]  # [tq, td] -> [tq, td / G, G] before the groups' max
 
 
 def test_bad_strategy_is_an_input_error():
