@@ -121,7 +121,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "off a GPU")
   p.add_argument("--tiles", default="",
                  help="the pallas strategy's tile configs to sweep, ';'-separated "
-                      "tq.td.steps.num_warps.num_stages[.wkN][.passes][.noskip] (default: "
+                      "tq.td.steps.num_warps.num_stages[.wkN][.insert][.noskip] (default: "
                       "TILE_SWEEP per "
                       "device and query count)")
   p.add_argument("--blockmax-tiles", default="",
@@ -157,9 +157,11 @@ from bilinear_ir.retrieval import certified, exact, pallas_topk, sharded  # noqa
 # 200k: compute-bound tiles). Every config fits the H200's 232,448 bytes of shared memory per
 # program (`shared_bytes`): td = 128 or 3 stages read the width in chunks of wk = 64 (or 32)
 # columns (round 1: td = 128 at wk = 128 and num_stages = 3 asked for 245,776 to 491,536 bytes
-# and failed to compile). ".passes" is round 1's merge, the baseline of the default `insert`.
+# and failed to compile). ".insert" is the insert merge (`Tiles.insert`) beside the default k
+# passes. The model fits the running top-k kernel; `group_maxima` asks for about 3x more (its
+# [tq, td/G, G] reshape): on one H200 every "many" blockmax config below failed to compile.
 TILE_SWEEP = {
-    "pallas": {"few": ("32.64.32.4.2", "32.128.16.4.2.wk64", "32.64.32.4.2.passes"),
+    "pallas": {"few": ("32.64.32.4.2", "32.128.16.4.2.wk64", "32.64.32.4.2.insert"),
                "many": ("64.64.32.4.2", "64.128.16.8.2.wk64")},
     "pallas_blockmax": {
         "few": ("32.64.16.4.2.g16", "32.128.16.8.2.wk64.g32", "16.128.16.4.2.wk64.g16",
@@ -179,9 +181,10 @@ def shared_bytes(tiles: pallas_topk.Tiles) -> int:
 
 
 def parse_tiles(text: str, width: int) -> pallas_topk.Tiles:
-  """"tq.td.steps.num_warps.num_stages[.wkN][.gN][.passes][.noskip]" -> `pallas_topk.Tiles`:
+  """"tq.td.steps.num_warps.num_stages[.wkN][.gN][.insert][.noskip]" -> `pallas_topk.Tiles`:
   wkN the width chunk (default the power of two >= w, at most 128), gN blockmax's group (default
-  16), passes: round 1's k passes per step (`insert=False`), noskip: without their skip."""
+  16), insert: the insert merge (`insert=True`) instead of k passes per step, noskip: the k
+  passes without their skip."""
   parts = text.split(".")
   tq, td, steps, warps, stages = (int(x) for x in parts[:5])
   extra = parts[5:]
@@ -190,7 +193,7 @@ def parse_tiles(text: str, width: int) -> pallas_topk.Tiles:
   group = next((int(x[1:]) for x in extra if x.startswith("g")), 16)
   return pallas_topk.Tiles(tq=tq, td=td, steps=steps, wk=wk, num_warps=warps,
                            num_stages=stages, skip="noskip" not in extra, group=group,
-                           insert="passes" not in extra)
+                           insert="insert" in extra)
 
 
 def hardware(setup: faiss_peer.FaissSetup | None) -> str:

@@ -116,6 +116,6 @@ def test_every_tile_config_parses_and_fits_shared_memory():
     assert topk.shared_bytes(t) <= topk.SHARED_BYTES, cfg
     assert t.td % t.group == 0 and t.tq >= 16 and t.wk <= 128, cfg
   assert any(topk.parse_tiles(c, 384).num_warps == 8 for c in configs)
-  t = topk.parse_tiles("32.128.16.8.2.wk64.g32.passes", 384)
-  assert (t.wk, t.group, t.num_warps, t.insert, t.skip) == (64, 32, 8, False, True)
+  t = topk.parse_tiles("32.128.16.8.2.wk64.g32.insert", 384)
+  assert (t.wk, t.group, t.num_warps, t.insert, t.skip) == (64, 32, 8, True, True)
   assert topk.parse_tiles("32.64.32.4.2", 40).wk == 64  # the width's power of two, <= 128

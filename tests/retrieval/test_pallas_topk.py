@@ -49,15 +49,15 @@ def test_exact_ties_by_lower_id_any_padding(variant):
   np.testing.assert_array_equal(np.asarray(res.ids), i64)
   np.testing.assert_array_equal(np.asarray(res.scores), s64.astype(np.float32))
   np.testing.assert_array_equal(np.asarray(exact.brute_force(q, d, 10).ids), i64)
-  # round 1's k passes per step, with and without the skip of steps that cannot enter the
-  # top-k: the same
-  for skip in (True, False):
-    tiles = TILES._replace(insert=False, skip=skip)
+  # the k passes per step without the skip of steps that cannot enter the top-k, and the
+  # insert merge: the same
+  for tiles in (TILES._replace(insert=False, skip=False), TILES._replace(insert=True)):
     np.testing.assert_array_equal(run(q, d, 10, tiles, variant)[1], i64)
   # every doc the same: ties everywhere, within each block and across them -> ids 0 .. 9
   same = np.tile(d[:1], (250, 1))
-  np.testing.assert_array_equal(run(q, same, 10, variant=variant)[1],
-                                np.tile(np.arange(10), (37, 1)))
+  for tiles in (TILES, TILES._replace(insert=True)):  # k passes (default), the insert merge
+    np.testing.assert_array_equal(run(q, same, 10, tiles, variant)[1],
+                                  np.tile(np.arange(10), (37, 1)))
   # groups of a whole step (G = td) and groups of 2: the same
   for group in (2, 16):
     np.testing.assert_array_equal(run(q, d, 10, TILES._replace(group=group), variant)[1], i64)
@@ -74,9 +74,10 @@ def test_near_ties_one_ulp_apart(variant):
   d[[100, 3], 0] = up
   q = np.zeros((3, 24), np.float32)
   q[:, 0] = 1.0
-  scores, ids = run(q, d, 6, variant=variant)
-  np.testing.assert_array_equal(ids, np.tile([3, 100, 5, 70, 129, 0], (3, 1)))
-  np.testing.assert_array_equal(scores[0], np.array([up, up, x, x, x, 0.5], np.float32))
+  for tiles in (TILES, TILES._replace(insert=True)):  # k passes (default), the insert merge
+    scores, ids = run(q, d, 6, tiles, variant=variant)
+    np.testing.assert_array_equal(ids, np.tile([3, 100, 5, 70, 129, 0], (3, 1)))
+    np.testing.assert_array_equal(scores[0], np.array([up, up, x, x, x, 0.5], np.float32))
 
 
 @variants
