@@ -33,6 +33,16 @@ def repo_root() -> str:
   return REPO
 
 
+def get_config(job: str, arg: str | None = None):
+  """`configs/<job>.py`'s `get_config(arg)` (an unlocked ml_collections.ConfigDict)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(f"{job}_config",
+                                                os.path.join(REPO, "configs", f"{job}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
 def free_port() -> int:
   """A TCP port of localhost that was free a moment ago (a coordinator address for tests)."""
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

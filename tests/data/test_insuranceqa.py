@@ -28,7 +28,7 @@ from bilinear_ir.config.blocks import train_config
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
-from conftest import REPO, expect_located
+from conftest import expect_located, get_config
 
 ANSWERS = {str(i): {"en": f"  Answer\tnumber  {i}.\n", "zh": "答"} for i in range(1, 11)}
 QUESTIONS = {
@@ -270,14 +270,6 @@ def test_installed_package_path_is_read(tmp_path, monkeypatch):
   validation.check_data(_config(""))  # accepted: the package is there
 
 
-def _job_config(job: str, arg: str):
-  spec = importlib.util.spec_from_file_location(f"{job}_cfg",
-                                                os.path.join(REPO, "configs", f"{job}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 @pytest.mark.parametrize("job,arg", [("late_interaction", "collection=insuranceqa"),
                                      ("learning_curve", "collection=insuranceqa"),
                                      ("reproduce_table", "collection=insuranceqa")])
@@ -289,7 +281,7 @@ def test_a_copy_in_data_path_needs_no_package(tmp_path, monkeypatch, job, arg):
   import importlib as _importlib  # pylint: disable=g-import-not-at-top
   module = _importlib.import_module(f"bilinear_ir.jobs.{job}")
   _patch_find_spec(monkeypatch, None)
-  c = _job_config(job, arg)
+  c = get_config(job, arg)
   c.data.path = _fake(tmp_path / "copy")
   module.validate(c)
   assert loaders.load(spec_lib.collection_block(c.data, "insuranceqa")).num_docs == 10
@@ -537,11 +529,7 @@ def test_insuranceqa_table_adds_pool_p_at_1(tmp_path, monkeypatch):
   from bilinear_ir.experiment import rows as rows_lib  # pylint: disable=g-import-not-at-top
   from bilinear_ir.jobs import reproduce_table  # pylint: disable=g-import-not-at-top
   _patch_find_spec(monkeypatch, _spec_at(_random_tree(tmp_path / insuranceqa.PACKAGE)))
-  spec = importlib.util.spec_from_file_location(
-      "table_cfg", os.path.join(REPO, "configs", "reproduce_table.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config("collection=insuranceqa,seeds=0,ranks=4,embeddings=mean,max_steps=6")
+  c = get_config("reproduce_table", "collection=insuranceqa,seeds=0,ranks=4,embeddings=mean,max_steps=6")
   assert c.mol and c.train.negatives_from == "dataset" and c.residuals == ("identity",)
   c.train.batch_size = 8
   c.encoder.max_length, c.encoder.cache_dir = 32, str(tmp_path / "cache")

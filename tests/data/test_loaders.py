@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -21,7 +20,7 @@ from bilinear_ir.data import scifact as scifact_lib
 from bilinear_ir.config.blocks import data_config
 from bilinear_ir.errors import InputError
 from bilinear_ir.jobs import collection_stats
-from conftest import expect_located
+from conftest import expect_located, get_config
 
 
 def _config(fmt: str, path: str):
@@ -311,11 +310,7 @@ def test_trec_car_round_trip(tmp_path):
 
 
 def test_stats_job_counts(tmp_path, repo_root):
-  spec = importlib.util.spec_from_file_location(
-      "collection_stats", os.path.join(repo_root, "configs", "collection_stats.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(f"format=beir,path={_beir(tmp_path / 'mini')}")
+  config = get_config("collection_stats", f"format=beir,path={_beir(tmp_path / 'mini')}")
   results = collection_stats.run(config, str(tmp_path / "w")).results
   assert results["docs"] == 3 and results["queries"] == 3
   assert results["avg_doc_words"] == pytest.approx((4 + 3 + 2) / 3)

@@ -1,5 +1,4 @@
 """The train_eval job end to end through main: outputs, folds, SIGKILL + resume, bad input."""
-import json
 import os
 import signal
 import time
