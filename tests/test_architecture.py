@@ -2,12 +2,15 @@
 
 The parts of `bilinear_ir` form layers, and a part imports only parts in layers below its own:
 
-  main -> jobs -> experiment -> synthetic -> export -> {train, retrieval, fidelity} -> data
-  -> {encoders, scorers, eval, lowrank} -> {errors, files, allocator, config, progress, timing}
+  main -> jobs -> report -> studies -> experiment -> synthetic -> export
+  -> {train, retrieval, fidelity} -> data -> {encoders, scorers, eval, lowrank}
+  -> {errors, files, allocator, config, progress, timing}
 
-(the bottom modules import each other only in that order). So the jobs say what runs and the
-experiment protocol (`experiment/`: training with dev selection, rows, comparisons, evaluation,
-the re-ranking setting, truncation, curves, config checks) sits between them and the libraries,
+(the bottom modules import each other only in that order). So the jobs say what runs, the report
+layer what a reader sees, the studies hold protocol that belongs to one study only (the
+late-interaction setting, truncation, approximate top-k, curve subsets, the fidelity experiments,
+the agreement table), and the generic experiment protocol (`experiment/`: training with dev
+selection, rows, comparisons, evaluation, config checks) sits between them and the libraries,
 none of which may import it. A job never imports another job, nor defines a top-level function
 that another job or a library module also defines (besides the entry points `validate` / `run`
 and its own report's `markdown` / `findings` / `plot`). Function-local imports are only of
@@ -36,6 +39,8 @@ LAYERS = (
     ("export",),  # the FAISS index searches with retrieval's exact top-k
     ("synthetic",),
     ("experiment",),
+    ("studies",),
+    ("report",),
     ("jobs",),
     ("main",),
 )
@@ -186,17 +191,22 @@ def test_no_job_defines_a_function_another_job_or_a_library_defines():
 
 
 def test_no_library_imports_the_experiment_protocol():
-  """Only the jobs (and main above them) may import `experiment`; the test above checks the
-  layers, this one names the rule: no library below reaches up into the protocol."""
+  """Only the studies, the report layer, the jobs and main may import `experiment`, and only
+  the report layer, the jobs and main may import `studies`; the test above checks the layers,
+  this one names the rule: no library below reaches up into the protocol."""
   bad = []
   for module, path in MODULES.items():
-    if _part(module) in ("experiment", "jobs", "main", None):
+    src = _part(module)
+    if src in ("jobs", "main", "report", None):
       continue
     for name, _, line in _imports(path, module):
-      if _part(name) == "experiment":
+      dst = _part(name)
+      if dst == "studies" and src != "studies" or dst == "experiment" and src not in (
+          "experiment", "studies"):
         bad.append(f"{os.path.relpath(path, REPO)}:{line}: {name}")
-  assert not bad, "libraries importing experiment/:\n" + "\n".join(bad)
-  assert LAYER["experiment"] == LAYER["jobs"] - 1 == LAYER["synthetic"] + 1
+  assert not bad, "libraries importing experiment/ or studies/:\n" + "\n".join(bad)
+  assert (LAYER["synthetic"] + 1 == LAYER["experiment"] == LAYER["studies"] - 1
+          == LAYER["report"] - 2 == LAYER["jobs"] - 3)
 
 
 def test_function_local_imports_are_optional_third_party_only():

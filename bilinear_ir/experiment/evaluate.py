@@ -167,7 +167,7 @@ def pool_p_at_1(prepared, split, pools: np.ndarray, lam: float, normalize: str =
     module, params: the dense scorer over the pooled embeddings (needed when lam > 0 and
       `pool_scores` is None).
     pool_scores: [Q_s, M] the dense scores of the pools computed elsewhere (in pool order, e.g.
-      a token scorer's, `experiment.rerank.Setting.pool_scores`), instead of module / params.
+      a token scorer's, `studies.late_interaction.setting.Setting.pool_scores`), instead of module / params.
 
   Returns:
     {"mean": float, "per_query": {qid: 1.0 if the top doc is relevant else 0.0}}.

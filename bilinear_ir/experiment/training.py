@@ -3,7 +3,7 @@
 `train_and_evaluate` is the recipe every table scorer follows (train on `splitset.train` or on
 pairs the corpus makes itself, select on dev, evaluate on `splitset.test`);
 `train_token_model` is the same protocol for token-level scorers in the re-ranking setting
-(`experiment.rerank.Setting`: selected on the dev split's re-ranked candidates);
+(`studies.late_interaction.setting.Setting`: selected on the dev split's re-ranked candidates);
 `scorer_teacher` trains a table scorer with it and hands its scores to distillation.
 """
 from __future__ import annotations
@@ -325,7 +325,7 @@ def train_token_model(setting, module, params, tcfg, seed: int,
   selecting on dev re-ranking.
 
   Args:
-    setting: the re-ranking setting (`experiment.rerank.Setting`).
+    setting: the re-ranking setting (`studies.late_interaction.setting.Setting`).
     module, params: the token scorer and its initial params.
     tcfg: its `train` block.
     seed: the row's seed.

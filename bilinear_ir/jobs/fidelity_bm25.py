@@ -1,7 +1,7 @@
 """The `fidelity_bm25` job: how well random projections keep BM25 rankings (paper 002, sec. 2, 5).
 
 The experiments (Fig. 2, Fig. 3a/3b, minimum margins, the Lemma 1 check) are computed by
-`bilinear_ir.fidelity.experiments.run_experiments`, whose docstring says what each number means;
+`bilinear_ir.studies.fidelity_experiments.run_experiments`, whose docstring says what each number means;
 this job loads the collection, validates the config, and draws the figures and the table.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from bilinear_ir.data import bm25
 from bilinear_ir.data import loaders
 from bilinear_ir.data.collection import Collection
 from bilinear_ir.errors import require
-from bilinear_ir.fidelity import experiments
 from bilinear_ir.fidelity import projections
 from bilinear_ir.jobs import report
 from bilinear_ir.experiment import validation
+from bilinear_ir.studies import fidelity_experiments as experiments
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

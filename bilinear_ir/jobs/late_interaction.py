@@ -8,7 +8,7 @@ only the scorers' own parameters are trained.
 Collection (`config.collection`, read as the learning_curve job reads it): scifact, insuranceqa
 or a BEIR folder / zip with a train split; its official dev split selects where it has one, else
 a dev part carved out of train. With `config.sizes`, the table is run once per n on the learning
-curve's nested subsets of the training queries (`experiment.curve`, drawn by the seed); dev and
+curve's nested subsets of the training queries (`studies.curve_subsets`, drawn by the seed); dev and
 test stay whole.
 
 Protocol (re-ranking, as the LITE paper's MS MARCO / NQ evaluation): each dev and test query gets
@@ -24,7 +24,7 @@ Rows (`config.rows`, each a name of `config.models` or "dot" / "table" / "hybrid
   dot        DE: dot product of the pooled mean embeddings (untrained).
   table      the table similarity best on dev among `config.table.models` (full W, I + P Q^T),
              trained on the pooled embeddings by the learning curve's recipe: the token rows'
-             like-for-like rival (`rerank.table_row`); every row is also compared with it
+             like-for-like rival (`studies.late_interaction.rows.table_row`); every row is also compared with it
              ("vs_table").
   colbert    sum-max over the raw token similarities: untrained (the protocol's candidate);
              colbert_proj adds a trained token projection P -> P'.
@@ -38,7 +38,7 @@ the distillation losses of appendix A.2 ("kl", "margin_mse") against a teacher: 
 scores) or a bilinear similarity trained on the pooled embeddings (the bilinear table's recipe),
 whichever is better on dev (or the one `config.distill.teacher` names). Model selection uses the
 dev split only, with the untrained ColBERT as a candidate of every trained row
-(`experiment.rerank.select_over_colbert`: "kept_colbert"). Every row is compared per test query
+(`studies.late_interaction.rows.select_over_colbert`: "kept_colbert"). Every row is compared per test query
 with colbert and dot ("vs_colbert", "vs_dot"; Holm per baseline over all rows and n).
 
 Per row: metrics, per-query nDCG@10, bytes per stored document (in `config.storage.dtype`) and
@@ -59,12 +59,16 @@ from bilinear_ir import scorers
 from bilinear_ir import timing
 from bilinear_ir.data import embeddings
 from bilinear_ir.errors import require
-from bilinear_ir.experiment import rerank
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
 from bilinear_ir.jobs import report
 from bilinear_ir.scorers import multivector
+from bilinear_ir.studies.late_interaction import checks
+from bilinear_ir.studies.late_interaction import latency
+from bilinear_ir.studies.late_interaction import models
+from bilinear_ir.studies.late_interaction import rows as li_rows
+from bilinear_ir.studies.late_interaction import setting as setting_lib
 
 PAPER_A4 = {"colbert": 0.112, "lite": 0.188}  # frozen encoders, MS MARCO dev MRR@10
 
@@ -78,14 +82,14 @@ def validate(config) -> None:
   validation.one_of(config.data.folds, (0,), "data.folds")
   embeddings.check_encoder(config.encoder)
   validation.one_of(config.encoder.kind, ("flax",), "encoder.kind")  # token outputs are needed
-  require(rerank.doc_len(config) >= 2, "set encoder.doc_max_length (Td, the doc tokens kept)",
+  require(models.doc_len(config) >= 2, "set encoder.doc_max_length (Td, the doc tokens kept)",
           field="encoder.doc_max_length")
   validation.check_bm25(config.bm25)
-  rerank.check_blocks(config)
+  checks.check_blocks(config)
   validation.check_train(config.train)
   for name in config.train_overrides:
     require(name in config.models, f"unknown row {name!r}", field="train_overrides")
-    validation.check_train(rerank.row_train(config, name), f"train_overrides.{name}")
+    validation.check_train(models.row_train(config, name), f"train_overrides.{name}")
   validation.check_hybrid(config.hybrid)
   validation.check_eval(config.eval)
   validation.check_stats(config.stats)
@@ -98,7 +102,7 @@ def validate(config) -> None:
           "the baselines of the paired tests", field="rows")
   used = {n for n in (*config.rows, *config.distill.scorers) if n in config.models}
   for name in sorted(used):  # traces each used scorer's setup (its checks) without computing
-    module = rerank.row_model(config, name, 8)[0]
+    module = models.row_model(config, name, 8)[0]
     params = jax.eval_shape(functools.partial(scorers.init_params, module), jax.random.key(0))
     require(name != "colbert" or not jax.tree.leaves(params), "must be the untrained ColBERT "
             "(no projection or reduction): every trained row is selected against it",
@@ -108,29 +112,29 @@ def validate(config) -> None:
 def run(config, workdir: str) -> report.Report:
   """The `late_interaction` job (configs/late_interaction.py). Every trained row checkpoints in
   its own folder under `workdir/runs` (`training.run_dir`): a killed job's rerun resumes."""
-  setting = rerank.build_setting(config, spec_lib.collection_block(config.data,
+  setting = setting_lib.build_setting(config, spec_lib.collection_block(config.data,
                                                                    config.collection))
   collection = setting.prepared.collection.name
   require(len(setting.splitset.train.query_ids) > 0, f"{collection} has no training queries",
           field="collection")
   dtype = jnp.dtype(config.storage.dtype)
-  lat = rerank.latency_inputs(setting, int(config.latency.docs))
-  settings = rerank.curve_settings(setting, config.sizes, config.seed)
+  lat = latency.latency_inputs(setting, int(config.latency.docs))
+  settings = setting_lib.curve_settings(setting, config.sizes, config.seed)
   per_n = len([r for r in config.rows if r != "hybrid"]) + len(config.distill.scorers) * len(
       config.distill.losses)
   bar = progress.bar(per_n * len(settings), "rows", unit="row")
   rows, by_n = [], {}
   for n, cut in settings.items():
     started = time.perf_counter()
-    mine, calls, by_n[str(n)] = rerank.table_rows(cut, config, lat, dtype, n, bar, workdir)
+    mine, calls, by_n[str(n)] = li_rows.table_rows(cut, config, lat, dtype, n, bar, workdir)
     by_n[str(n)]["seconds"] = round(time.perf_counter() - started, 1)
-    ms = rerank.time_in_turn(calls, config.latency.rounds, config.latency.repeats)
+    ms = latency.time_in_turn(calls, config.latency.rounds, config.latency.repeats)
     for row in mine:
       row["ms_1q_100d"] = ms[row["row"]]
     rows += mine
   bar.close()
-  rerank.compare_rows(rows, config)
-  dim, doc_len = int(setting.tokens.docs.shape[-1]), rerank.doc_len(config)
+  li_rows.compare_rows(rows, config)
+  dim, doc_len = int(setting.tokens.docs.shape[-1]), models.doc_len(config)
   storage = multivector.storage_table(
       dim, doc_len, [t for t in config.storage.doc_tokens if t <= doc_len],
       [p for p in config.storage.token_dims if p <= dim], config.storage.dtypes)
@@ -266,7 +270,7 @@ def findings(results: dict[str, Any], config) -> str:
                       alone=rows[hyb["dense"]]["metrics"][m],
                       bm25=results["teachers"]["bm25"]["metrics"][m]))
   if "table" in rows:
-    tab, tokens = rows["table"], [r for r in top if r["scorer"] in rerank.TOKEN_SCORERS]
+    tab, tokens = rows["table"], [r for r in top if r["scorer"] in models.TOKEN_SCORERS]
     best = rows_lib.best_on_dev(tokens, lambda r: r["dev"].get(sel))
     measure = results["measure"]
     lines.append(text("moonshot", table=tab["model"], candidates=", ".join(tab["table_dev"]),

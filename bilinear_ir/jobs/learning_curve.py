@@ -1,10 +1,10 @@
 """How many judged queries does a learned similarity need? Learning curves over nested subsets.
 
 For each embedding, every model is trained on nested subsets of the training queries (n =
-`config.sizes`, drawn per seed by `experiment.curve.nested_subsets`), selected on the dev split
+`config.sizes`, drawn per seed by `studies.curve_subsets.nested_subsets`), selected on the dev split
 and evaluated on every test query over the full corpus. "learned" is, per seed, the candidate
 best on dev among dot and the trained models. Per n and model: paired tests against dot over all
-test queries and over the unseen-answer ones (`experiment.curve.unseen_answer_queries`), each
+test queries and over the unseen-answer ones (`studies.curve_subsets.unseen_answer_queries`), each
 Holm-adjusted over the n of the curve (one family per embedding, model and view). Beside the
 curve, per embedding, the hybrid of dot with BM25 (lam chosen on dev) and the learned similarity
 at the largest n compared with it on every test query.
@@ -21,11 +21,11 @@ from bilinear_ir import progress
 from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import compare
-from bilinear_ir.experiment import curve
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.experiment import validation
+from bilinear_ir.studies import curve_subsets as curve
 from bilinear_ir.jobs import report
 
 JOB = "learning_curve"

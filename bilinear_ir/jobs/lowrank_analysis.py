@@ -32,8 +32,8 @@ from bilinear_ir import progress
 from bilinear_ir.config import embedding_specs
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import spec as spec_lib
-from bilinear_ir.experiment import truncation
 from bilinear_ir.experiment import validation
+from bilinear_ir.studies import truncation
 from bilinear_ir.jobs import report
 
 JOB = "lowrank_analysis"

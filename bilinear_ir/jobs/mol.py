@@ -31,10 +31,10 @@ import numpy as np
 from bilinear_ir import progress
 from bilinear_ir.config import embedding_specs
 from bilinear_ir.errors import require
-from bilinear_ir.experiment import approximate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
+from bilinear_ir.studies import approximate_topk as approximate
 from bilinear_ir.jobs import report
 
 BASELINES = ("wdp", "bilinear")

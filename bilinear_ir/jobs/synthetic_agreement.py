@@ -25,8 +25,8 @@ from bilinear_ir import scorers
 from bilinear_ir.errors import require
 from bilinear_ir.jobs import report
 from bilinear_ir.jobs.report import Report, markdown_table
+from bilinear_ir.studies import agreement_table as table_lib
 from bilinear_ir.synthetic import feasibility
-from bilinear_ir.synthetic import table as table_lib
 
 JOB = "synthetic_agreement"
 WDP_INITS = ("ones", "uniform")

@@ -8,7 +8,7 @@ import pytest
 
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import stats
-from bilinear_ir.experiment import curve
+from bilinear_ir.studies import curve_subsets as curve
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.jobs import learning_curve

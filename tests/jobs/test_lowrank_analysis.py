@@ -10,8 +10,8 @@ from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import evaluate
-from bilinear_ir.experiment import truncation
 from bilinear_ir.jobs import lowrank_analysis
+from bilinear_ir.studies import truncation
 from conftest import get_config, random_prepared, write_beir
 
 DIM = 12

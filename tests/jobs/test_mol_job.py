@@ -9,11 +9,11 @@ import pytest
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.data.batches import BatchSampler
-from bilinear_ir.experiment import approximate
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.jobs import mol as mol_table
 from bilinear_ir.retrieval import ranking
+from bilinear_ir.studies import approximate_topk as approximate
 from bilinear_ir.train import losses
 from bilinear_ir.train import trainer
 from conftest import get_config, random_prepared, write_beir
