@@ -21,6 +21,7 @@ from bilinear_ir import progress
 from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import compare
+from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
@@ -81,7 +82,11 @@ def run(config, workdir: str) -> report.Report:
     dot = training.train_and_evaluate(recipe.row({"scorer": "dot"}, recipe.seed), prepared,
                                       splitset, progress=False)
     base = {"collection": collection, "embedding": recipe.name}
-    hyb, lam, _ = rows_lib.hybrid(dot, prepared, splitset, config.hybrid, measures)
+    lam, res = evaluate.HybridEvaluator(splitset.dev, prepared.collection.doc_ids, config.hybrid,
+                                        measures)(
+        evaluate.full_corpus(dot["module"], dot["params"], prepared, config.hybrid.depth),
+        {"test": splitset.test})
+    hyb = res["test"][0]
     hybrids[recipe.name] = {"metrics": hyb["mean"], "lambda": lam,
                             "per_query": {q: v[m0] for q, v in hyb["per_query"].items()}}
     for n in sizes:

@@ -97,7 +97,13 @@ def run(config, workdir: str) -> report.Report:
     # held-out ICT pairs, whose metric is not comparable).
     best, best_outs, _ = rows_lib.best_on_dev([t for t in trained if t[0]["source"] != "ict"],
                                               lambda t: t[2])
-    hyb = [rows_lib.hybrid(o, prepared, splitset, config.hybrid, measures) for o in best_outs]
+    hybrid = evaluate.HybridEvaluator(splitset.dev, prepared.collection.doc_ids, config.hybrid,
+                                      measures)
+    hyb = []
+    for o in best_outs:
+      lam, res = hybrid(evaluate.full_corpus(o["module"], o["params"], prepared,
+                                             config.hybrid.depth), {"test": splitset.test})
+      hyb.append((res["test"][0], lam))
     mean, std = rows_lib.aggregate([h[0]["mean"] for h in hyb], measures)
     mean.update(pool([(h[1], o["module"], o["params"]) for h, o in zip(hyb, best_outs)]))
     rows.append({**base, "scorer": "hybrid", "rank": best["rank"], "residual": best["residual"],

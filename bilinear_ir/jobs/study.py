@@ -39,6 +39,7 @@ from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import compare
+from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
@@ -113,7 +114,11 @@ def run_collection(config, entry: str, workdir: str | None = None
         sp, out = rows_lib.best_on_dev(fold, lambda t: t[1]["dev"].get(sel))
         chosen.append(sp["name"] if out["best_step"] else f"{sp['name']}@step0")
         learned_q.update(out["per_query"])
-        hybrid_q.update(rows_lib.hybrid(out, prepared, s, config.hybrid, measures)[0]["per_query"])
+        _, res = evaluate.HybridEvaluator(s.dev, prepared.collection.doc_ids, config.hybrid,
+                                          measures)(
+            evaluate.full_corpus(out["module"], out["params"], prepared, config.hybrid.depth),
+            {"test": s.test})
+        hybrid_q.update(res["test"][0]["per_query"])
       for name, q in seed_q.items():
         per_query[name].append(q)
       per_query["learned"].append(learned_q)

@@ -134,10 +134,10 @@ def test_analyze_matches_dense_truncation_and_counts_checks(small):
     assert out["by_rank"][r]["pointwise"]["checks"] == n_test * 10
     for name, split in (("dev", splitset.dev), ("test", splitset.test)):
       rows = prepared.query_row_index(split.query_ids)
-      want, _ = evaluate.evaluate_scorer(
+      want, _ = evaluate.RankingEvaluator(split.query_ids, emb.doc_ids, split.qrels, measures,
+                                          depth=cfg.eval.depth)(
           module, {"W": jnp.asarray(_truncated64(W, r), jnp.float32)}, emb.queries[rows],
-          emb.docs, split.query_ids, emb.doc_ids, split.qrels, depth=cfg.eval.depth,
-          measures=measures)
+          emb.docs)
       for m in measures:
         assert out["by_rank"][r][name][m] == pytest.approx(want["mean"][m], abs=1e-12), (r, m)
   np.testing.assert_allclose(out["spectrum"], np.linalg.svd(W.astype(np.float64),

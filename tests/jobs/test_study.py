@@ -146,12 +146,12 @@ def _fake_outcomes(monkeypatch):
     record[key] = out
     return out
 
-  # pylint: disable-next=unused-argument
-  def fake_hybrid(module, params, prepared, dev, test, cfg, measures):
-    return {"per_query": {q: {m: 0.5 for m in measures} for q in test.query_ids}}, 0.5, {}
+  def fake_hybrid(self, candidates_of, splits):  # pylint: disable=unused-argument
+    return 0.5, {name: ({"per_query": {q: {m: 0.5 for m in self.measures}
+                                       for q in s.query_ids}}, {}) for name, s in splits.items()}
 
   monkeypatch.setattr(study.rows_lib.training, "train_and_evaluate", fake_train)
-  monkeypatch.setattr(study.rows_lib.evaluate, "evaluate_hybrid", fake_hybrid)
+  monkeypatch.setattr(study.evaluate.HybridEvaluator, "__call__", fake_hybrid)
   return record
 
 

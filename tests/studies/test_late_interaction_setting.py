@@ -85,8 +85,8 @@ def test_pool_scores_are_in_pool_order_and_give_the_table_scorers_pool_p_at_1(tm
     np.testing.assert_allclose(got[i][valid], want, rtol=1e-4, atol=1e-4)
     assert np.all(np.isneginf(got[i][~valid]))
   for lam in (1.0, 0.4):  # the same P@1 as the table scorers' own path (pair scores)
-    assert evaluate.pool_p_at_1(prepared, test, pools, lam, "minmax", pool_scores=got) == (
-        evaluate.pool_p_at_1(prepared, test, pools, lam, "minmax", module, params))
+    p_at_1 = evaluate.PoolEvaluator(prepared, test, pools)
+    assert p_at_1(lam, "minmax", pool_scores=got) == p_at_1(lam, "minmax", module, params)
 
 
 def _holm(p):

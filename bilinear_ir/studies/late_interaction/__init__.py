@@ -13,7 +13,8 @@ One module per concern:
             `build_setting`, `curve_settings` (the learning curve's nested subsets)
   models    a row's scorer and training (`config.models`, `config.train_overrides`)
   teachers  the references and the distillation teachers
-  hybrid    the dev-chosen hybrid of the dense row best on dev with BM25 over the same candidates
+  hybrid    the candidates and the timed call of the hybrid (`experiment.evaluate.HybridEvaluator`)
+            of the dense row best on dev with BM25 over the same candidates
   rows      a table's rows on one training split (`table_rows`), dev selection against the
             untrained ColBERT (`select_over_colbert`), the paired comparisons (`compare_rows`)
   latency   the latency call's inputs and timing every row's call in turn

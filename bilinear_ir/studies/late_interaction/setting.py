@@ -120,8 +120,8 @@ class Setting:
     pool = None
     if self.pools is not None:
       pool = self.pool_scores(module, params, feats, d_feats)
-      metrics["test"]["mean"]["p_at_1_pool"] = evaluate.pool_p_at_1(
-          self.prepared, self.split("test"), self.pools, 1.0, pool_scores=pool)["mean"]
+      metrics["test"]["mean"]["p_at_1_pool"] = evaluate.PoolEvaluator(
+          self.prepared, self.split("test"), self.pools)(1.0, pool_scores=pool)["mean"]
     return Scored(run, metrics["dev"]["mean"], metrics["test"], latency_fn, stored, pool)
 
   def pool_scores(self, module, params, feats: Callable[[np.ndarray], Any], d_feats: Any

@@ -36,8 +36,8 @@ def teachers(setting: Setting, config: ml_collections.ConfigDict, workdir: str |
     refs["bm25"]["metrics" if split == "test" else "dev"] = setting.evaluate(split, idx,
                                                                              scores)["mean"]
   if setting.pools is not None:  # BM25 alone over each test query's own pool (lam = 0)
-    refs["bm25"]["metrics"]["p_at_1_pool"] = evaluate.pool_p_at_1(
-        prepared, setting.split("test"), setting.pools, 0.0)["mean"]
+    refs["bm25"]["metrics"]["p_at_1_pool"] = evaluate.PoolEvaluator(
+        prepared, setting.split("test"), setting.pools)(0.0)["mean"]
   out = {}
   distill = config.distill
   if distill.scorers and distill.losses:
