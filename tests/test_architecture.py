@@ -160,11 +160,13 @@ def test_every_job_module_exists_with_validate_and_run():
     assert callable(module.validate) and callable(module.run), name
   assert sorted(jobs.JOBS) == sorted(
       os.path.basename(p)[:-3] for p in glob.glob(os.path.join(PACKAGE, "jobs", "*.py"))
-      if os.path.basename(p)[:-3] not in ("__init__", "report"))
+      if os.path.basename(p)[:-3] != "__init__")
 
 
-# The functions every job defines for itself: the entry points and its own report's pieces.
-JOB_HOOKS = ("validate", "run", "markdown", "findings", "plot")
+# The functions every job defines for itself: its entry points.
+JOB_HOOKS = ("validate", "run")
+# What a reader sees lives in bilinear_ir/report, never in a job.
+REPORT_HOOKS = ("markdown", "findings", "plot", "figures")
 
 
 def _top_level_functions(path: str) -> dict[str, int]:
@@ -177,8 +179,7 @@ def _top_level_functions(path: str) -> dict[str, int]:
 def test_no_job_defines_a_function_another_job_or_a_library_defines():
   """A job holds only what it runs: a top-level function of a job that another job or any
   library module also defines (same name) is a second copy, to be written once below the jobs."""
-  job_modules = {m for m in MODULES if _part(m) == "jobs"
-                 and m.rsplit(".", 1)[-1] not in ("jobs", "report")}
+  job_modules = {m for m in MODULES if _part(m) == "jobs" and m.rsplit(".", 1)[-1] != "jobs"}
   defined = {m: _top_level_functions(p) for m, p in MODULES.items()}
   assert len(job_modules) == len(jobs.JOBS) and defined["bilinear_ir.jobs.study"]
   bad = []
@@ -188,6 +189,21 @@ def test_no_job_defines_a_function_another_job_or_a_library_defines():
       if name not in JOB_HOOKS and others:
         bad.append(f"{os.path.relpath(MODULES[module], REPO)}:{line}: {name} also in {others}")
   assert not bad, "functions defined twice:\n" + "\n".join(bad)
+
+
+def test_jobs_hold_no_report_code():
+  """Markdown, findings and figures are the report layer's: no job defines them or plots."""
+  bad = []
+  for module, path in MODULES.items():
+    if _part(module) != "jobs":
+      continue
+    for name, line in _top_level_functions(path).items():
+      if name in REPORT_HOOKS or "plot" in name:
+        bad.append(f"{os.path.relpath(path, REPO)}:{line}: defines {name}")
+    for name, _, line in _imports(path, module):
+      if name.split(".")[0] == "matplotlib":
+        bad.append(f"{os.path.relpath(path, REPO)}:{line}: imports {name}")
+  assert not bad, "report code in the jobs:\n" + "\n".join(bad)
 
 
 def test_no_library_imports_the_experiment_protocol():

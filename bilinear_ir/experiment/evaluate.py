@@ -170,7 +170,8 @@ def full_corpus(module: nn.Module, params: Any, prepared, depth: int
   """
   emb = prepared.embeddings
 
-  def candidates_of(name: str, split: pipeline.Split) -> hybrid.Candidates:  # pylint: disable=unused-argument
+  # pylint: disable-next=unused-argument
+  def candidates_of(name: str, split: pipeline.Split) -> hybrid.Candidates:
     rows = prepared.query_row_index(split.query_ids)
     d_idx, d_scores = ranking.score_topk(module, params, emb.queries[rows], emb.docs, depth)
     b_idx = prepared.bm25_idx[rows][:, :depth]

@@ -11,6 +11,7 @@ from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.jobs import lowrank_analysis
+from bilinear_ir.report import lowrank_analysis as lowrank_report
 from bilinear_ir.studies import truncation
 from conftest import get_config, random_prepared, write_beir
 
@@ -197,7 +198,7 @@ def test_job_end_to_end(tmp_path, tiny_bert_dir, run_main):
   assert res["by_rank"] == res["embeddings"]["mean"]["by_rank"]
   # Fig. 1a plots the truncation curves and the full W's level; at r = n they meet.
   cfg = get_config("lowrank_analysis")
-  figs = lowrank_analysis.figures(res, cfg)
+  figs = lowrank_report.figures(res, cfg)
   lines = {ln.get_label(): ln for ln in figs["fig1a_metric_vs_rank"].axes[0].get_lines()}
   for name, e in res["embeddings"].items():
     curve = lines[f"{name}: W_r test"]

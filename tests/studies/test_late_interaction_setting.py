@@ -1,4 +1,5 @@
-"""The late-interaction setting (studies/late_interaction/): selection against the untrained ColBERT,
+"""The late-interaction setting (studies/late_interaction/): selection against the untrained
+ColBERT,
 the learning curve's subsets, each test query's own pool re-ranked by the re-ranking code."""
 import ml_collections
 import numpy as np

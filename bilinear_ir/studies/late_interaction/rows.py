@@ -181,7 +181,8 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar,
       scored = dataclasses.replace(chosen, latency_fn=scored.latency_fn, stored=scored.stored)
     return scored, {"scorer": scorer, **info}
 
-  colbert, colbert_info = one("colbert", models.row_train(config, "colbert"))  # untrained (validate)
+  # untrained (validate)
+  colbert, colbert_info = one("colbert", models.row_train(config, "colbert"))
   refs, teacher_by_name, teacher_name = li_teachers.teachers(setting, config, workdir)
   for name in (r for r in config.rows if r != "hybrid"):
     if name == "dot":

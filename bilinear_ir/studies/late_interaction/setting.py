@@ -182,11 +182,13 @@ def build_setting(config: ml_collections.ConfigDict,
 
 def curve_settings(setting: Setting, sizes, seed: int) -> dict[int, Setting]:
   """{n: `setting` training on n queries}: the learning curve's nested subsets of the training
-  split (`curve_subsets.nested_subsets` by `seed`, `curve_subsets.subset_splitset`: dev and test whole); empty
+  split (`curve_subsets.nested_subsets` by `seed`, `curve_subsets.subset_splitset`: dev and test
+  whole); empty
   `sizes` = the whole training split only."""
   train = setting.splitset.train.query_ids
   subsets = curve_subsets.nested_subsets(train, sizes or (len(train),), seed)
-  return {n: dataclasses.replace(setting, splitset=curve_subsets.subset_splitset(setting.splitset, q, n))
+  return {n: dataclasses.replace(setting,
+                                 splitset=curve_subsets.subset_splitset(setting.splitset, q, n))
           for n, q in subsets.items()}
 
 def per_query(test: dict[str, Any], measure: str) -> dict[str, float]:
