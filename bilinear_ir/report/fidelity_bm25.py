@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 import numpy as np
 from bilinear_ir.report import text
-from bilinear_ir.studies import fidelity_experiments as experiments
+from bilinear_ir.studies import fidelity_tasks
 
 
 def plot_fig2(fig2: dict[str, Any], beta: float):
@@ -45,9 +45,9 @@ def plot_fig3a(fig3a: dict[str, Any]):
       ok = [i for i, q in enumerate(qs) if q["n"]]
       if not ok:
         continue
-      med = np.array([max(qs[i]["median"], experiments.TIE) for i in ok])
-      lo = med - np.array([max(qs[i]["q25"], experiments.TIE) for i in ok])
-      hi = np.array([max(qs[i]["q75"], experiments.TIE) for i in ok]) - med
+      med = np.array([max(qs[i]["median"], fidelity_tasks.TIE) for i in ok])
+      lo = med - np.array([max(qs[i]["q25"], fidelity_tasks.TIE) for i in ok])
+      hi = np.array([max(qs[i]["q75"], fidelity_tasks.TIE) for i in ok]) - med
       ax.errorbar(pos[ok] + 0.1 * (j - 1), med, yerr=[lo, hi], fmt="o", capsize=3,
                   label=f"{r}th smallest")
     ax.set_yscale("log")
