@@ -62,10 +62,11 @@ def main_env(devices: int = 1, **extra: str) -> dict:
   return env
 
 
-def main_command(config: str, workdir, *flags: str) -> list[str]:
-  """`python -m bilinear_ir.main --config=CONFIG --workdir=WORKDIR FLAGS...`."""
-  return [sys.executable, "-m", "bilinear_ir.main", f"--config={config}", f"--workdir={workdir}",
-          *flags]
+def main_command(config: str, workdir, *flags: str,
+                 entry: tuple[str, ...] = ("-m", "bilinear_ir.main")) -> list[str]:
+  """`python -m bilinear_ir.main --config=CONFIG --workdir=WORKDIR FLAGS...` (`entry`: what
+  python runs instead of `-m bilinear_ir.main`, e.g. a script that patches something first)."""
+  return [sys.executable, *entry, f"--config={config}", f"--workdir={workdir}", *flags]
 
 
 @dataclasses.dataclass
@@ -102,8 +103,9 @@ class MainRunner:
   (`in_process`, as flax's train_test.py runs its job) where it does not."""
 
   def __call__(self, config: str, workdir, *flags: str, devices: int = 1, env: dict | None = None,
-               timeout: int = 600) -> MainRun:
-    proc = subprocess.run(main_command(config, workdir, *flags), cwd=REPO,
+               timeout: int = 600, entry: tuple[str, ...] = ("-m", "bilinear_ir.main")
+               ) -> MainRun:
+    proc = subprocess.run(main_command(config, workdir, *flags, entry=entry), cwd=REPO,
                           env=main_env(devices, **(env or {})), capture_output=True, text=True,
                           timeout=timeout, check=False)
     return MainRun(proc.returncode, proc.stdout, proc.stderr, str(workdir))

@@ -8,8 +8,6 @@ import io
 import json
 import os
 import re
-import subprocess
-import sys
 import zipfile
 
 import pytest
@@ -437,30 +435,21 @@ def test_unknown_format_and_missing_path(tmp_path):
 # Through `main`: exit code 2, one line on stderr, no results written.
 
 
-def _main(repo_root: str, fmt: str, path: str, workdir: str) -> subprocess.CompletedProcess:
-  return subprocess.run(
-      [sys.executable, "-m", "bilinear_ir.main", "--config=configs/collection_stats.py",
-       f"--config.data.format={fmt}", f"--config.data.path={path}", f"--workdir={workdir}"],
-      cwd=repo_root, capture_output=True, text=True, timeout=120, check=False)
+def _stats_flags(fmt: str, path: str) -> tuple[str, ...]:
+  return ("configs/collection_stats.py", f"--config.data.format={fmt}",
+          f"--config.data.path={path}")
 
 
 @pytest.mark.parametrize("case", MALFORMED, ids=[c[0] for c in MALFORMED])
-def test_main_exits_2_on_malformed_input(tmp_path, repo_root, case):
+def test_main_exits_2_on_malformed_input(tmp_path, run_main, case):
   _, fmt, make, file, record, field = case
-  workdir = tmp_path / "w"
-  proc = _main(repo_root, fmt, make(tmp_path / "bad"), str(workdir))
-  assert proc.returncode == 2, proc.stderr
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-  assert "Traceback" not in proc.stderr
-  expect_located(lines[0], file, record, field)
-  assert not (workdir / "results.json").exists() and not (workdir / "results.md").exists()
+  config, *flags = _stats_flags(fmt, make(tmp_path / "bad"))
+  expect_located(run_main(config, tmp_path / "w", *flags).one_error_line(), file, record, field)
 
 
-def test_main_writes_stats(tmp_path, repo_root):
+def test_main_writes_stats(tmp_path, run_main):
   workdir = tmp_path / "w"
-  proc = _main(repo_root, "beir", _beir(tmp_path / "mini"), str(workdir))
-  assert proc.returncode == 0, proc.stderr
-  results = json.loads((workdir / "results.json").read_text())
+  config, *flags = _stats_flags("beir", _beir(tmp_path / "mini"))
+  results = run_main.in_process(config, workdir, *flags)
   assert results["docs"] == 3
   assert {s: v["qrels"] for s, v in results["splits"].items()} == {"test": 1, "train": 2}
