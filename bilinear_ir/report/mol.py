@@ -71,25 +71,25 @@ def findings(rows: list[dict[str, Any]], retrieval: list[dict[str, Any]], config
     sel = config.train.select_metric
     best = rows_lib.best_on_dev(mols, lambda r: r["dev"][sel])
     cmp = lambda a, b: "above" if a > b else "below"
-    text = (f"- **{emb}** ({m}): dot {dot['metrics'][m]:.4f}; the MoL row best on dev "
+    line = (f"- **{emb}** ({m}): dot {dot['metrics'][m]:.4f}; the MoL row best on dev "
             f"({label(best)}) {best['metrics'][m]:.4f}, "
             f"{cmp(best['metrics'][m], dot['metrics'][m])} dot")
     if learned:
       bl = rows_lib.best_on_dev(learned, lambda r: r["dev"][sel])
-      text += (f" and {cmp(best['metrics'][m], bl['metrics'][m])} the table's learned row best "
+      line += (f" and {cmp(best['metrics'][m], bl['metrics'][m])} the table's learned row best "
                f"on dev ({label(bl)} {bl['metrics'][m]:.4f})")
-    text += (f". On the unseen-doc test queries: dot {dot['unseen_docs'][m]:.4f}, that MoL "
+    line += (f". On the unseen-doc test queries: dot {dot['unseen_docs'][m]:.4f}, that MoL "
              f"{best['unseen_docs'][m]:.4f}"
              + "".join(f", {label(r)} {r['unseen_docs'][m]:.4f}" for r in learned))
     log_p = float(np.log(best["p_q"] * best["p_x"]))
-    text += (f". Its gates: H(p|q,x) = {best['gate_cond_entropy']:.3f} nats "
+    line += (f". Its gates: H(p|q,x) = {best['gate_cond_entropy']:.3f} nats "
              f"({best['gate_cond_entropy'] / log_p:.0%} of the uniform gate's log P = "
              f"{log_p:.3f})")
     for a in mols:
       b = next((r for r in mols if r["mi_weight"] == 0 and (r["p_q"], r["p_x"]) ==
                 (a["p_q"], a["p_x"])), None)
       if a["mi_weight"] > 0 and b is not None:
-        text += (f". L_MI at alpha = {a['mi_weight']:g} vs 0 ({a['p_q']}x{a['p_x']}): {m} "
+        line += (f". L_MI at alpha = {a['mi_weight']:g} vs 0 ({a['p_q']}x{a['p_x']}): {m} "
                  f"{a['metrics'][m] - b['metrics'][m]:+.4f}, H(p) "
                  f"{a['gate_entropy'] - b['gate_entropy']:+.2g}, H(p|q,x) "
                  f"{a['gate_cond_entropy'] - b['gate_cond_entropy']:+.2g} nats")
@@ -100,20 +100,20 @@ def findings(rows: list[dict[str, Any]], retrieval: list[dict[str, Any]], config
     if approx:
       if good:
         cheapest = min(good, key=lambda r: r["rescored"])
-        text += (f". Retrieval with the best-by-dev MoL: the approximate setting that re-scores "
+        line += (f". Retrieval with the best-by-dev MoL: the approximate setting that re-scores "
                  f"the fewest docs with hit rate >= 0.99 is {cheapest['name']} "
                  f"({cheapest['hit_rate']:.3f}, at most {cheapest['rescored']} of "
                  f"{cheapest['docs']} docs)")
       else:
         top = max(approx, key=lambda r: r["hit_rate"])
-        text += (f". Retrieval with the best-by-dev MoL: no approximate setting reaches hit rate "
+        line += (f". Retrieval with the best-by-dev MoL: no approximate setting reaches hit rate "
                  f"0.99 (best {top['name']} {top['hit_rate']:.3f})")
-      text += (f"; the Theorem 2/3 gap bound held for "
+      line += (f"; the Theorem 2/3 gap bound held for "
                f"{min(r['bound_holds'] for r in approx):.1%} of queries or more")
     if exact is not None:
-      text += (f"; the exact two-pass algorithm matched brute force on {exact['hit_rate']:.1%} "
+      line += (f"; the exact two-pass algorithm matched brute force on {exact['hit_rate']:.1%} "
                f"of the top-K ({exact['fallback']:.1%} of queries fell back to brute force) "
                f"and took {exact['time_vs_brute_force']:.1f}x brute force's time")
-    lines.append(text + ".\n")
+    lines.append(line + ".\n")
   lines.append("\n" + text.prose(JOB, "paper"))
   return "".join(lines)
