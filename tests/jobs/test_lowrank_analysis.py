@@ -10,7 +10,6 @@ from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import evaluate
-from bilinear_ir.jobs import lowrank_analysis
 from bilinear_ir.report import lowrank_analysis as lowrank_report
 from bilinear_ir.studies import truncation
 from conftest import get_config, random_prepared, write_beir

@@ -9,6 +9,7 @@ from bilinear_ir.eval import stats
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.export import saved_model
 from bilinear_ir.jobs import reproduce_table
+from bilinear_ir.report import reproduce_table as table_report
 from conftest import get_config, write_beir
 
 
@@ -52,7 +53,7 @@ def test_findings_name_the_learned_row_best_on_dev(table):
   learned = [r for r in rows if r["scorer"] in ("wdp", "lowrank", "bilinear")
              and r["source"] != "ict"]  # ICT rows select on ICT pairs, not comparable
   best = max(learned, key=lambda r: r["dev"][c.train.select_metric])
-  name = reproduce_table._row_name(best)  # pylint: disable=protected-access
+  name = table_report._row_name(best)  # pylint: disable=protected-access
   assert f"The learned similarity best on dev: {name} {best['metrics']['ndcg@10']:.4f}" in (
       rep.markdown)
   assert "sample std (ddof = 1) over the n = 2 training seeds" in rep.markdown
