@@ -7,5 +7,6 @@
   approximate_topk      MoL top-k algorithms against brute force (paper 003, Table 5)
   curve_subsets         a learning curve's nested training subsets and unseen-answer queries
   fidelity_experiments  random-projection fidelity to BM25 (paper 002: Fig. 2, 3a, 3b)
+  fidelity_tasks        its claims and containing-passage tasks (BM25 vectors, margins, bins)
   agreement_table       the Structured Agreement Ranking Task's table (paper 000, section 4)
 """
