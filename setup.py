@@ -35,7 +35,7 @@ setuptools.setup(
     description="Learned similarity functions (bilinear, low-rank, MoL, late interaction) "
     "for dense retrieval with frozen embeddings, in JAX/Flax.",
     packages=setuptools.find_packages(include=["bilinear_ir", "bilinear_ir.*"]),
-    package_data={"bilinear_ir": ["data/embedded/*", "jobs/templates/*.md"]},
+    package_data={"bilinear_ir": ["data/embedded/*", "report/templates/*.md"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.10",

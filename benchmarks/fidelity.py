@@ -13,7 +13,7 @@ evals/s = T * G * trials / (total seconds of `--trials` trials, after one warm-u
 
   JAX    `fidelity.projections.project` (packed random bits per block; the head columns, those
          with >= R / 64 nonzeros, as one dense matmul, the other nonzeros scattered in pieces) and
-         `fidelity.experiments.pairwise_errors` (a loop over triples + chunk sums + cumsum),
+         `studies.fidelity_experiments.pairwise_errors` (a loop over triples + chunk sums + cumsum),
          jitted, after a warm-up trial.
   numpy  the same algorithm and the same work: per vocabulary block holding nonzeros, the block's
          packed random bits (block x ceil(K / 32) uint32 words from numpy's PCG64,
@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 
 from bilinear_ir import allocator, files  # noqa: E402
-from bilinear_ir.fidelity import experiments  # noqa: E402
+from bilinear_ir.studies import fidelity_experiments as experiments  # noqa: E402
 from bilinear_ir.fidelity import projections  # noqa: E402
 from bilinear_ir import timing  # noqa: E402
 

@@ -28,7 +28,7 @@ from bilinear_ir import allocator
 from bilinear_ir import files
 from bilinear_ir import jobs
 from bilinear_ir.errors import InputError
-from bilinear_ir.jobs import report as report_lib
+from bilinear_ir.report import outputs as report_lib
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. configs/x.py:arg.",

@@ -8,7 +8,7 @@ Config arguments (after `:`): `tiny` (seconds-long smoke run: small grid, few tr
 triples), `seed`, `trials`, `kind` (rademacher | gaussian). Any field can also be set with
 `--config.FIELD=VALUE`, e.g. `--config.data.format=beir --config.data.path=DIR`.
 
-What each number means: see `bilinear_ir/fidelity/experiments.py`.
+What each number means: see `bilinear_ir/studies/fidelity_experiments.py`.
 """
 from __future__ import annotations
 

@@ -6,7 +6,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import dataclasses  # noqa: E402  pylint: disable=wrong-import-position
 import json  # noqa: E402  pylint: disable=wrong-import-position
+import socket  # noqa: E402  pylint: disable=wrong-import-position
+import subprocess  # noqa: E402  pylint: disable=wrong-import-position
+import sys  # noqa: E402  pylint: disable=wrong-import-position
 
 import jax  # noqa: E402  pylint: disable=wrong-import-position
 import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
@@ -27,6 +31,115 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def repo_root() -> str:
   """The repository root (where `configs/` lives)."""
   return REPO
+
+
+def get_config(job: str, arg: str | None = None):
+  """`configs/<job>.py`'s `get_config(arg)` (an unlocked ml_collections.ConfigDict)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(f"{job}_config",
+                                                os.path.join(REPO, "configs", f"{job}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def free_port() -> int:
+  """A TCP port of localhost that was free a moment ago (a coordinator address for tests)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def main_env(devices: int = 1, **extra: str) -> dict:
+  """The environment of `python -m bilinear_ir.main` as a user runs it: the CPU, `devices` CPU
+  devices (1: no XLA_FLAGS), this checkout first on PYTHONPATH, no injected fault; plus `extra`."""
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env.pop("BILINEAR_IR_FAULT", None)
+  if devices > 1:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO, **extra)
+  return env
+
+
+def main_command(config: str, workdir, *flags: str,
+                 entry: tuple[str, ...] = ("-m", "bilinear_ir.main")) -> list[str]:
+  """`python -m bilinear_ir.main --config=CONFIG --workdir=WORKDIR FLAGS...` (`entry`: what
+  python runs instead of `-m bilinear_ir.main`, e.g. a script that patches something first)."""
+  return [sys.executable, *entry, f"--config={config}", f"--workdir={workdir}", *flags]
+
+
+@dataclasses.dataclass
+class MainRun:
+  """One finished run of main: its exit code, output and workdir."""
+  returncode: int
+  stdout: str
+  stderr: str
+  workdir: str
+
+  def results(self) -> dict:
+    """results.json of a run that exited 0 (the stderr tail in the failure message)."""
+    assert self.returncode == 0, self.stderr[-3000:]
+    with open(os.path.join(self.workdir, "results.json"), encoding="utf-8") as f:
+      return json.load(f)
+
+  def one_error_line(self, *words: str) -> str:
+    """Asserts what bad input must give: exit 2, one stderr line "error: ..." holding `words`, no
+    traceback, no results.json or results.md; returns the line."""
+    lines = [line for line in self.stderr.splitlines() if line.strip()]
+    assert self.returncode == 2, f"exit {self.returncode}; stderr:\n{self.stderr[-3000:]}"
+    assert len(lines) == 1 and lines[0].startswith("error: "), self.stderr[-3000:]
+    assert "Traceback" not in self.stderr + self.stdout
+    for word in words:
+      assert word in lines[0], f"{word!r} not in {lines[0]!r}"
+    for name in ("results.json", "results.md"):
+      assert not os.path.exists(os.path.join(self.workdir, name)), name
+    return lines[0]
+
+
+class MainRunner:
+  """Runs the one entry point: as a subprocess (`__call__`, `popen`) where the process matters
+  (exit codes, stderr, signals, several processes, one device as a user has) or in this process
+  (`in_process`, as flax's train_test.py runs its job) where it does not."""
+
+  def __call__(self, config: str, workdir, *flags: str, devices: int = 1, env: dict | None = None,
+               timeout: int = 600, entry: tuple[str, ...] = ("-m", "bilinear_ir.main")
+               ) -> MainRun:
+    proc = subprocess.run(main_command(config, workdir, *flags, entry=entry), cwd=REPO,
+                          env=main_env(devices, **(env or {})), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    return MainRun(proc.returncode, proc.stdout, proc.stderr, str(workdir))
+
+  def popen(self, config: str, workdir, *flags: str, devices: int = 1,
+            env: dict | None = None) -> subprocess.Popen:
+    """Started, not waited for (stdout and stderr together in `stdout`)."""
+    return subprocess.Popen(main_command(config, workdir, *flags), cwd=REPO,
+                            env=main_env(devices, **(env or {})), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+  def in_process(self, config: str, workdir, *flags: str) -> dict:
+    """Parses the flags as main does, runs `main.run` here (this session's 8 fake devices) and
+    returns results.json."""
+    from bilinear_ir import main  # pylint: disable=g-import-not-at-top
+    argv = ["main", f"--config={os.path.join(REPO, config)}", f"--workdir={workdir}", *flags]
+    saved, sys.argv = sys.argv, argv  # ml_collections reads the --config.x overrides there
+    main.FLAGS.unparse_flags()
+    try:
+      main.FLAGS(argv)
+      main.run(main.FLAGS.config, main.FLAGS.workdir)
+    finally:
+      main.FLAGS.unparse_flags()
+      for name in [n for n in main.FLAGS if n.startswith("config.")]:
+        delattr(main.FLAGS, name)  # the override flags this parse defined
+      sys.argv = saved
+    with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+      return json.load(f)
+
+
+@pytest.fixture
+def run_main() -> MainRunner:
+  """Runs `python -m bilinear_ir.main` (see MainRunner)."""
+  return MainRunner()
 
 
 def pytest_report_header(config):  # pylint: disable=unused-argument

@@ -2,12 +2,15 @@
 
 The parts of `bilinear_ir` form layers, and a part imports only parts in layers below its own:
 
-  main -> jobs -> experiment -> synthetic -> export -> {train, retrieval, fidelity} -> data
-  -> {encoders, scorers, eval, lowrank} -> {errors, files, allocator, config, progress, timing}
+  main -> jobs -> report -> studies -> experiment -> synthetic -> export
+  -> {train, retrieval, fidelity} -> data -> {encoders, scorers, eval, lowrank}
+  -> {errors, files, allocator, config, progress, timing}
 
-(the bottom modules import each other only in that order). So the jobs say what runs and the
-experiment protocol (`experiment/`: training with dev selection, rows, comparisons, evaluation,
-the re-ranking setting, truncation, curves, config checks) sits between them and the libraries,
+(the bottom modules import each other only in that order). So the jobs say what runs, the report
+layer what a reader sees, the studies hold protocol that belongs to one study only (the
+late-interaction setting, truncation, approximate top-k, curve subsets, the fidelity experiments,
+the agreement table), and the generic experiment protocol (`experiment/`: training with dev
+selection, rows, comparisons, evaluation, config checks) sits between them and the libraries,
 none of which may import it. A job never imports another job, nor defines a top-level function
 that another job or a library module also defines (besides the entry points `validate` / `run`
 and its own report's `markdown` / `findings` / `plot`). Function-local imports are only of
@@ -36,6 +39,8 @@ LAYERS = (
     ("export",),  # the FAISS index searches with retrieval's exact top-k
     ("synthetic",),
     ("experiment",),
+    ("studies",),
+    ("report",),
     ("jobs",),
     ("main",),
 )
@@ -155,11 +160,13 @@ def test_every_job_module_exists_with_validate_and_run():
     assert callable(module.validate) and callable(module.run), name
   assert sorted(jobs.JOBS) == sorted(
       os.path.basename(p)[:-3] for p in glob.glob(os.path.join(PACKAGE, "jobs", "*.py"))
-      if os.path.basename(p)[:-3] not in ("__init__", "report"))
+      if os.path.basename(p)[:-3] != "__init__")
 
 
-# The functions every job defines for itself: the entry points and its own report's pieces.
-JOB_HOOKS = ("validate", "run", "markdown", "findings", "plot")
+# The functions every job defines for itself: its entry points.
+JOB_HOOKS = ("validate", "run")
+# What a reader sees lives in bilinear_ir/report, never in a job.
+REPORT_HOOKS = ("markdown", "findings", "plot", "figures")
 
 
 def _top_level_functions(path: str) -> dict[str, int]:
@@ -172,8 +179,7 @@ def _top_level_functions(path: str) -> dict[str, int]:
 def test_no_job_defines_a_function_another_job_or_a_library_defines():
   """A job holds only what it runs: a top-level function of a job that another job or any
   library module also defines (same name) is a second copy, to be written once below the jobs."""
-  job_modules = {m for m in MODULES if _part(m) == "jobs"
-                 and m.rsplit(".", 1)[-1] not in ("jobs", "report")}
+  job_modules = {m for m in MODULES if _part(m) == "jobs" and m.rsplit(".", 1)[-1] != "jobs"}
   defined = {m: _top_level_functions(p) for m, p in MODULES.items()}
   assert len(job_modules) == len(jobs.JOBS) and defined["bilinear_ir.jobs.study"]
   bad = []
@@ -185,18 +191,38 @@ def test_no_job_defines_a_function_another_job_or_a_library_defines():
   assert not bad, "functions defined twice:\n" + "\n".join(bad)
 
 
-def test_no_library_imports_the_experiment_protocol():
-  """Only the jobs (and main above them) may import `experiment`; the test above checks the
-  layers, this one names the rule: no library below reaches up into the protocol."""
+def test_jobs_hold_no_report_code():
+  """Markdown, findings and figures are the report layer's: no job defines them or plots."""
   bad = []
   for module, path in MODULES.items():
-    if _part(module) in ("experiment", "jobs", "main", None):
+    if _part(module) != "jobs":
+      continue
+    for name, line in _top_level_functions(path).items():
+      if name in REPORT_HOOKS or "plot" in name:
+        bad.append(f"{os.path.relpath(path, REPO)}:{line}: defines {name}")
+    for name, _, line in _imports(path, module):
+      if name.split(".")[0] == "matplotlib":
+        bad.append(f"{os.path.relpath(path, REPO)}:{line}: imports {name}")
+  assert not bad, "report code in the jobs:\n" + "\n".join(bad)
+
+
+def test_no_library_imports_the_experiment_protocol():
+  """Only the studies, the report layer, the jobs and main may import `experiment`, and only
+  the report layer, the jobs and main may import `studies`; the test above checks the layers,
+  this one names the rule: no library below reaches up into the protocol."""
+  bad = []
+  for module, path in MODULES.items():
+    src = _part(module)
+    if src in ("jobs", "main", "report", None):
       continue
     for name, _, line in _imports(path, module):
-      if _part(name) == "experiment":
+      dst = _part(name)
+      if dst == "studies" and src != "studies" or dst == "experiment" and src not in (
+          "experiment", "studies"):
         bad.append(f"{os.path.relpath(path, REPO)}:{line}: {name}")
-  assert not bad, "libraries importing experiment/:\n" + "\n".join(bad)
-  assert LAYER["experiment"] == LAYER["jobs"] - 1 == LAYER["synthetic"] + 1
+  assert not bad, "libraries importing experiment/ or studies/:\n" + "\n".join(bad)
+  assert (LAYER["synthetic"] + 1 == LAYER["experiment"] == LAYER["studies"] - 1
+          == LAYER["report"] - 2 == LAYER["jobs"] - 3)
 
 
 def test_function_local_imports_are_optional_third_party_only():

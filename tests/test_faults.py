@@ -312,7 +312,7 @@ def test_saved_model_and_report_writes_on_a_full_disk(tmp_path, monkeypatch):
   what was being written, nothing left behind; the same writes succeed once space is freed."""
   from bilinear_ir import scorers  # pylint: disable=g-import-not-at-top
   from bilinear_ir.errors import WriteError  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.jobs import report  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.report import outputs as report  # pylint: disable=g-import-not-at-top
   from bilinear_ir.export import saved_model  # pylint: disable=g-import-not-at-top
   module = scorers.build("bilinear", 256)  # W: 256 x 256 float32, 256 KiB
   params = {"W": np.eye(256, dtype=np.float32)}

@@ -3,8 +3,8 @@
 A table compares, per embedding, the untrained dot product and BM25 (`baselines`) with trained
 rows, each run over every seed (`seed_runs`) and summarised (`summary`: mean and sample std over
 seeds, the dev metric, the mean over the unseen-doc test queries, `unseen_doc_queries`). The
-learned row is the one best on dev (`best_on_dev`), and the hybrid pairs it with BM25, its lam
-chosen on dev (`hybrid`).
+learned row is the one best on dev (`best_on_dev`); its hybrid with BM25 is
+`evaluate.HybridEvaluator`'s.
 """
 from __future__ import annotations
 
@@ -144,25 +144,18 @@ def unseen_mean(outs: list[dict[str, Any]], unseen: list[str], measure: str) -> 
   return {measure: float(np.mean([subset_mean(o["per_query"], unseen, measure) for o in outs]))}
 
 
-def hybrid(out: dict[str, Any], prepared: pipeline.Prepared, splitset: pipeline.SplitSet, cfg,
-           measures: Sequence[str]) -> tuple[dict[str, Any], float, dict]:
-  """The hybrid of a trained row (`train_and_evaluate`'s output) with BM25, lam tuned on
-  `splitset.dev` (`evaluate.evaluate_hybrid`): (test metrics, lam, test run)."""
-  return evaluate.evaluate_hybrid(out["module"], out["params"], prepared, splitset.dev,
-                                  splitset.test, cfg, measures)
-
-
 def pool_p_at_1(prepared: pipeline.Prepared, split: pipeline.Split, pools: np.ndarray | None,
                 runs: Sequence[tuple[float, Any, Any]], normalize: str) -> dict[str, float]:
   """{"p_at_1_pool": mean over queries of the seed-mean P@1 over each query's own pool}
-  (`evaluate.pool_p_at_1`), or {} without pools (`evaluate.candidate_pools` None).
+  (`evaluate.PoolEvaluator`), or {} without pools (`evaluate.candidate_pools` None).
 
   Args:
     runs: one (lam, module, params) per seed: lam 1 a dense row, 0 BM25, else the hybrid.
   """
   if pools is None:
     return {}
-  per_query = [evaluate.pool_p_at_1(prepared, split, pools, lam, normalize, module,
-                                    params)["per_query"] for lam, module, params in runs]
+  evaluator = evaluate.PoolEvaluator(prepared, split, pools)
+  per_query = [evaluator(lam, normalize, module, params)["per_query"]
+               for lam, module, params in runs]
   return {"p_at_1_pool": float(np.mean([np.mean([p[q] for p in per_query])
                                         for q in split.query_ids]))}

@@ -3,7 +3,7 @@
 `train_and_evaluate` is the recipe every table scorer follows (train on `splitset.train` or on
 pairs the corpus makes itself, select on dev, evaluate on `splitset.test`);
 `train_token_model` is the same protocol for token-level scorers in the re-ranking setting
-(`experiment.rerank.Setting`: selected on the dev split's re-ranked candidates);
+(`studies.late_interaction.setting.Setting`: selected on the dev split's re-ranked candidates);
 `scorer_teacher` trains a table scorer with it and hands its scores to distillation.
 """
 from __future__ import annotations
@@ -101,9 +101,8 @@ def bm25_guard(module, params: Any, queries: np.ndarray, docs: np.ndarray,
   pseudo_qrels = {q: {doc_ids[int(d)]: 1 for d in row if d >= 0} for q, row in zip(qids, pseudo)}
   agreement = {}
   for lam in sorted(float(x) for x in grid):
-    metrics, _ = evaluate.evaluate_scorer(module, blend_with_dot(module, params, lam), queries,
-                                         docs, qids, doc_ids, pseudo_qrels, depth=depth,
-                                         measures=[measure])
+    metrics, _ = evaluate.RankingEvaluator(qids, doc_ids, pseudo_qrels, [measure], depth=depth)(
+        module, blend_with_dot(module, params, lam), queries, docs)
     agreement[lam] = float(metrics["mean"][measure])
   best = max(agreement.values())
   return min(lam for lam, v in agreement.items() if v == best), agreement
@@ -239,9 +238,8 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
   def evaluate_on(split, p, measures, depth):
     rows = prepared.query_row_index(split.query_ids)
     cands = prepared.bm25_idx[rows][:, :ecfg.rerank_depth] if ecfg.mode == "rerank" else None
-    return evaluate.evaluate_scorer(module, p, emb.queries[rows], emb.docs, split.query_ids,
-                                   doc_ids, split.qrels, mode=ecfg.mode, depth=depth,
-                                   candidates=cands, measures=measures)
+    return evaluate.RankingEvaluator(split.query_ids, doc_ids, split.qrels, measures, ecfg.mode,
+                                     depth, cands)(module, p, emb.queries[rows], emb.docs)
 
   # Dev evaluations only need the depth of their measures (all @k), not the run's full depth.
   dev_measures = list(evaluate.dev_measures(tcfg.select_metric))
@@ -255,9 +253,9 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
       def on_dev(p):  # mean over the dev pairs of every round
         per_query = {}
         for q_dev, d_dev, dev_ids, dev_qrels in data.dev:
-          per_query.update(evaluate.evaluate_scorer(
-              module, p, q_dev, d_dev, dev_ids, doc_ids, dev_qrels, mode="full",
-              depth=dev_depth, measures=dev_measures)[0]["per_query"])
+          per_query.update(evaluate.RankingEvaluator(
+              dev_ids, doc_ids, dev_qrels, dev_measures, "full", dev_depth)(
+                  module, p, q_dev, d_dev)[0]["per_query"])
         return {m: float(np.mean([v[m] for v in per_query.values()])) for m in dev_measures}
   elif splitset.dev.query_ids:
     on_dev = lambda p: evaluate_on(splitset.dev, p, dev_measures, dev_depth)[0]["mean"]
@@ -325,7 +323,7 @@ def train_token_model(setting, module, params, tcfg, seed: int,
   selecting on dev re-ranking.
 
   Args:
-    setting: the re-ranking setting (`experiment.rerank.Setting`).
+    setting: the re-ranking setting (`studies.late_interaction.setting.Setting`).
     module, params: the token scorer and its initial params.
     tcfg: its `train` block.
     seed: the row's seed.

@@ -1,12 +1,13 @@
 """The jobs: one module per `config.job`, each with `validate(config)` and
-`run(config, workdir) -> report.Report`, looked up by name in one table (`JOBS`, keyed by the
-module's name, as `scorers.registry.SCORERS` is keyed by each class's `registry_name`).
+`run(config, workdir) -> bilinear_ir.report.outputs.Report`, looked up by name in one table
+(`JOBS`, keyed by the module's name, as `scorers.registry.SCORERS` is keyed by each class's
+`registry_name`).
 
-A job says *what* runs (collections x embeddings x models x seeds) and reports it; *how* is the
-experiment protocol's (`bilinear_ir.experiment`: training with dev selection, rows, comparisons,
-evaluation, config checks) and the libraries' below it. A job never imports another job. What
-the jobs share besides: `report` (what a job returns, how `main` writes it, and `prose`, which
-fills the fixed text of `templates/<job>.md`).
+A job says *what* runs (collections x embeddings x models x seeds): validate, then the recipe;
+*how* is the protocol's (`bilinear_ir.studies` for one study's own, `bilinear_ir.experiment`:
+training with dev selection, rows, comparisons, evaluation, config checks) and the libraries'
+below it; what a reader sees (markdown, findings, figures) is `bilinear_ir.report`'s. A job never
+imports another job.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ and qrels per split, mean lengths in words, candidate lists and triples where th
 from __future__ import annotations
 
 from bilinear_ir.data import loaders
-from bilinear_ir.jobs import report
+from bilinear_ir.report import outputs
+from bilinear_ir.report import text
 from bilinear_ir.experiment import validation
 
 
@@ -19,7 +20,7 @@ def _mean_words(texts: list[str]) -> float:
   return sum(len(t.split()) for t in texts) / len(texts) if texts else 0.0
 
 
-def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argument
+def run(config, workdir: str) -> outputs.Report:  # pylint: disable=unused-argument
   """Loads `config.data` and reports docs, queries and qrels per split and mean lengths in words."""
   c = loaders.load(config.data)
   splits = {}
@@ -49,6 +50,6 @@ def run(config, workdir: str) -> report.Report:  # pylint: disable=unused-argume
   markdown = (f"# Collection {c.name}\n\n{c.num_docs} docs, mean {results['avg_doc_words']:.1f} "
               f"words (title + text); {len(c.queries)} queries, mean "
               f"{results['avg_query_words']:.1f} words.\n\n"
-              + report.markdown_table(rows, ["split", "queries", "qrels", "relevant",
+              + text.markdown_table(rows, ["split", "queries", "qrels", "relevant",
                                                  "avg query words"], digits=1))
-  return report.Report(results=results, markdown=markdown)
+  return outputs.Report(results=results, markdown=markdown)

@@ -18,7 +18,7 @@ from bilinear_ir.data import embeddings
 from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.data import precomputed
-from bilinear_ir.jobs import report
+from bilinear_ir.report import outputs
 from bilinear_ir.experiment import validation
 
 
@@ -47,7 +47,8 @@ def manifest(config: ml_collections.ConfigDict, collection, emb) -> dict:
   }
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # pylint: disable=unused-argument
+# pylint: disable-next=unused-argument
+def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
   """The `embed` job (configs/embed.py)."""
   collection = loaders.load(config.data)
   emb = pipeline.embed(collection, config.encoder)
@@ -61,5 +62,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # py
         f"{info.get('pooling')} pooling, "
         f"{'L2-normalised' if info.get('normalize') else 'unnormalised'}, max_length "
         f"{info.get('max_length')}), written to `embeddings/`.\n")
-  return report.Report(results=results, markdown=md, folders={
+  return outputs.Report(results=results, markdown=md, folders={
       "embeddings": functools.partial(precomputed.write, embeddings=emb, manifest=info)})

@@ -33,7 +33,7 @@ from bilinear_ir.export import faiss_index
 from bilinear_ir.export import head
 from bilinear_ir.export import saved_model
 from bilinear_ir.export import sentence_transformers
-from bilinear_ir.jobs import report
+from bilinear_ir.report import outputs
 from bilinear_ir.scorers.base import TableScorer
 from bilinear_ir.scorers.base import table_matrices
 
@@ -71,7 +71,8 @@ def _write_faiss(path: str, index, doc_ids: list[str], a: np.ndarray, descriptio
     files.atomic_write_json(os.path.join(tmp, "bilinear_ir.json"), description)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # pylint: disable=unused-argument
+# pylint: disable-next=unused-argument
+def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
   """The `export` job (configs/export.py)."""
   module, params, meta = saved_model.load_model(config.model_dir)
   if not isinstance(module, TableScorer):
@@ -105,4 +106,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:  # py
         f"doc tables of width {a.shape[1]} over {meta['dim']}-d embeddings "
         f"({settings.get('model') or settings.get('path') or 'all-MiniLM-L6-v2'}); written to "
         "`export/`.\n")
-  return report.Report(results=description, markdown=md, folders={"export": writer})
+  return outputs.Report(results=description, markdown=md, folders={"export": writer})

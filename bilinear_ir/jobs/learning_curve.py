@@ -1,10 +1,10 @@
 """How many judged queries does a learned similarity need? Learning curves over nested subsets.
 
 For each embedding, every model is trained on nested subsets of the training queries (n =
-`config.sizes`, drawn per seed by `experiment.curve.nested_subsets`), selected on the dev split
+`config.sizes`, drawn per seed by `studies.curve_subsets.nested_subsets`), selected on the dev split
 and evaluated on every test query over the full corpus. "learned" is, per seed, the candidate
 best on dev among dot and the trained models. Per n and model: paired tests against dot over all
-test queries and over the unseen-answer ones (`experiment.curve.unseen_answer_queries`), each
+test queries and over the unseen-answer ones (`studies.curve_subsets.unseen_answer_queries`), each
 Holm-adjusted over the n of the curve (one family per embedding, model and view). Beside the
 curve, per embedding, the hybrid of dot with BM25 (lam chosen on dev) and the learned similarity
 at the largest n compared with it on every test query.
@@ -21,17 +21,16 @@ from bilinear_ir import progress
 from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import compare
-from bilinear_ir.experiment import curve
+from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.experiment import validation
-from bilinear_ir.jobs import report
+from bilinear_ir.studies import curve_subsets as curve
+from bilinear_ir.report import learning_curve as report
+from bilinear_ir.report import outputs
 
-JOB = "learning_curve"
 MODELS = ("wdp", "lowrank", "bilinear", "mol")
-Y_LINEAR = 0.05  # the plot's y axis: linear within +-0.05 nDCG of dot, logarithmic beyond
-Y_TICKS = (-0.4, -0.2, -0.1, -0.05, -0.02, 0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
 
 
 def schedule(config, train, pairs: int, mol: bool) -> dict[str, Any]:
@@ -61,7 +60,7 @@ def validate(config) -> None:
       {"scorer": "mol"}, 0, config.mol_train).train, "mol_train")
 
 
-def run(config, workdir: str) -> report.Report:
+def run(config, workdir: str) -> outputs.Report:
   """The `learning_curve` job (configs/learning_curve.py). Each training run checkpoints in its
   own folder under `workdir/runs` (`training.run_dir`): a killed job's rerun resumes there."""
   measures = list(config.eval.measures)
@@ -81,7 +80,11 @@ def run(config, workdir: str) -> report.Report:
     dot = training.train_and_evaluate(recipe.row({"scorer": "dot"}, recipe.seed), prepared,
                                       splitset, progress=False)
     base = {"collection": collection, "embedding": recipe.name}
-    hyb, lam, _ = rows_lib.hybrid(dot, prepared, splitset, config.hybrid, measures)
+    lam, res = evaluate.HybridEvaluator(splitset.dev, prepared.collection.doc_ids, config.hybrid,
+                                        measures)(
+        evaluate.full_corpus(dot["module"], dot["params"], prepared, config.hybrid.depth),
+        {"test": splitset.test})
+    hyb = res["test"][0]
     hybrids[recipe.name] = {"metrics": hyb["mean"], "lambda": lam,
                             "per_query": {q: v[m0] for q, v in hyb["per_query"].items()}}
     for n in sizes:
@@ -136,8 +139,8 @@ def run(config, workdir: str) -> report.Report:
              "holm": "over the n of the curve: one family per embedding, model and view (all "
                      "test queries; unseen-answer queries)",
              "learned": "per seed, the candidate best on dev among dot and the trained models"}
-  return report.Report(results=results, markdown=markdown(results, config),
-                       figures={"learning_curve": plot(results, config)})
+  return outputs.Report(results=results, markdown=report.markdown(results, config),
+                        figures={"learning_curve": report.plot(results, config)})
 
 
 def _row(base: dict[str, Any], model: str, n: int, outs: list[dict[str, Any]], measures,
@@ -177,92 +180,3 @@ def _compare_curve(rows: list[dict[str, Any]], unseen: dict[int, list[str]], con
     compare.add_paired(holders, subsets,
                        lambda i: paired(i) if i < k and len(subsets[i]) >= 2 else None,
                        "vs_dot", config)
-
-
-def markdown(results: dict[str, Any], config) -> str:
-  """Per embedding: the curve of every model (metric, difference against dot) on all test
-  queries and on the unseen-answer ones; the crossover per embedding."""
-  m0, alpha = results["measure"], config.stats.alpha
-  rows = results["rows"]
-  out = [report.prose(JOB, "intro", collection=results["collection"], m0=m0,
-                      seeds=len(results["seeds"]), alpha=alpha)]
-  for emb in config.embeddings:
-    mine = [r for r in rows if r["embedding"] == emb]
-    models = list(dict.fromkeys(r["model"] for r in mine))
-    out.append(f"\n## {results['collection']} / {emb}\n\n")
-    for view, title in (("all", "all test queries"), ("unseen", "unseen-answer test queries")):
-      table = []
-      for n in results["sizes"]:
-        at = {r["model"]: r for r in mine if r["n_train"] == n}
-        cells = [n, at["dot"]["unseen"]["n_queries"] if view == "unseen"
-                 else len(at["dot"]["per_query"])]
-        for m in models:
-          r = at[m]
-          value = r["metrics"][m0] if view == "all" else r["unseen"]["mean"]
-          test = r.get("vs_dot") if view == "all" else r["unseen"].get("vs_dot")
-          cells.append(report.fmt(value, 4) + ("" if m == "dot" else " (" + report.fmt_paired(
-              test, alpha, ci=False) + ")"))
-        table.append(cells)
-      out.append(f"{m0}, {title}:\n\n")
-      out.append(report.markdown_table(table, ["n", "queries"] + models) + "\n")
-    learned = [r for r in mine if r["model"] == "learned"]
-    out.append("Chosen on dev (`learned`, per seed): " + "; ".join(
-        f"n={r['n_train']}: {'+'.join(r['chosen'])}" for r in learned) + ".\n")
-  for emb, h in results["hybrid_dot_bm25"].items():
-    out.append(report.prose(JOB, "hybrid", emb=emb, m0=m0, value=h["metrics"][m0],
-                            lam=h["lambda"], n=h["learned_vs_hybrid"]["n_train"],
-                            versus=report.fmt_paired(h["learned_vs_hybrid"], alpha)))
-  out.append("\n" + report.prose(JOB, "crossover", m0=m0, crossover="; ".join(
-      f"{e}: {'n = ' + str(n) if n is not None else 'none'}"
-      for e, n in results["crossover"].items())))
-  return "".join(out)
-
-
-def plot(results: dict[str, Any], config):
-  """nDCG@10 difference against dot with its 95% CI against n (log axis): one line per model,
-  one row of panels per embedding (all test queries; unseen-answer queries).
-
-  A panel whose differences reach beyond +-`Y_LINEAR` gets a y axis linear within it and
-  logarithmic beyond, so that one line far from dot (MoL from scratch, -0.4 at n = 100 on
-  InsuranceQA) does not flatten the others; other panels stay linear.
-  """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  import matplotlib.ticker  # pylint: disable=g-import-not-at-top,unused-import
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  rows, embs = results["rows"], list(config.embeddings)
-  fig, axes = plt.subplots(len(embs), 2, figsize=(11, 3.6 * len(embs)), squeeze=False,
-                           sharex=True)
-  for axs, emb in zip(axes, embs):
-    mine = [r for r in rows if r["embedding"] == emb and r["model"] != "dot"]
-    for ax, view in zip(axs, ("all", "unseen")):
-      for j, model in enumerate(dict.fromkeys(r["model"] for r in mine)):
-        pts = [r for r in mine if r["model"] == model]
-        tests = [r["vs_dot"] if view == "all" else r["unseen"].get("vs_dot") for r in pts]
-        kept = [(r, t) for r, t in zip(pts, tests) if t]
-        if not kept:
-          continue
-        pts, tests = zip(*kept)
-        x = [r["n_train"] * (1.0 + 0.03 * (j - 2)) for r in pts]  # dodge the error bars
-        d = [t["diff"] for t in tests]
-        ax.errorbar(x, d, yerr=[[t["diff"] - t["ci95"][0] for t in tests],
-                                [t["ci95"][1] - t["diff"] for t in tests]],
-                    fmt="o-" if model == "learned" else ".--", capsize=2, label=model,
-                    lw=2.0 if model == "learned" else 1.0)
-      ax.axhline(0.0, color="black", lw=0.8)
-      ax.set_xscale("log")
-      lo, hi = ax.get_ylim()
-      if lo < -Y_LINEAR or hi > Y_LINEAR:
-        ax.set_yscale("symlog", linthresh=Y_LINEAR, linscale=0.4)
-        lo, hi = ax.get_ylim()
-        ax.set_yticks([t for t in Y_TICKS if lo <= t <= hi])
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-      ax.set_title(f"{emb}: {'all' if view == 'all' else 'unseen-answer'} test queries",
-                   fontsize=10)
-      ax.set_ylabel(f"{results['measure']} - dot" + (" (symlog)" if ax.get_yscale() == "symlog"
-                                                     else ""))
-      ax.set_xlabel("training queries n")
-    axs[0].legend(fontsize=7)
-  fig.tight_layout()
-  return fig

@@ -35,7 +35,8 @@ from bilinear_ir.errors import input_error, require
 from bilinear_ir.eval import metrics as metrics_lib
 from bilinear_ir.eval import trec
 from bilinear_ir.export import saved_model
-from bilinear_ir.jobs import report
+from bilinear_ir.report import outputs
+from bilinear_ir.report import text
 from bilinear_ir.experiment import validation
 from bilinear_ir.retrieval import index as index_lib
 from bilinear_ir.retrieval import serving
@@ -164,10 +165,10 @@ def run(config: ml_collections.ConfigDict, workdir: str):
         f"Index `{index_dir}` ({m['dtype']}, {m['num_docs']} docs x {m['width']}, "
         f"{'reused' if reused else 'built'}).\n\n")
   if qrels is not None:
-    md += report.markdown_table([[split, len(query_ids)] + [results["metrics"][x]
+    md += text.markdown_table([[split, len(query_ids)] + [results["metrics"][x]
                                                             for x in measures]],
                                 ["split", "queries"] + measures, digits=4)
   else:
     md += f"{len(query_ids)} queries ranked; no qrels, so no metrics.\n"
-  return report.Report(results=results, markdown=md,
-                       extra_files={"run.trec": trec.run_to_text(run_dict, scorer)})
+  return outputs.Report(results=results, markdown=md,
+                        extra_files={"run.trec": trec.run_to_text(run_dict, scorer)})

@@ -37,12 +37,13 @@ import numpy as np
 from bilinear_ir import progress
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
-from bilinear_ir.eval import stats
 from bilinear_ir.experiment import compare
+from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
-from bilinear_ir.jobs import report
+from bilinear_ir.report import study as report
+from bilinear_ir.report import outputs
 
 BASELINES = ("dot", "bm25")
 
@@ -113,7 +114,11 @@ def run_collection(config, entry: str, workdir: str | None = None
         sp, out = rows_lib.best_on_dev(fold, lambda t: t[1]["dev"].get(sel))
         chosen.append(sp["name"] if out["best_step"] else f"{sp['name']}@step0")
         learned_q.update(out["per_query"])
-        hybrid_q.update(rows_lib.hybrid(out, prepared, s, config.hybrid, measures)[0]["per_query"])
+        _, res = evaluate.HybridEvaluator(s.dev, prepared.collection.doc_ids, config.hybrid,
+                                          measures)(
+            evaluate.full_corpus(out["module"], out["params"], prepared, config.hybrid.depth),
+            {"test": s.test})
+        hybrid_q.update(res["test"][0]["per_query"])
       for name, q in seed_q.items():
         per_query[name].append(q)
       per_query["learned"].append(learned_q)
@@ -148,7 +153,7 @@ def _compare_cells(rows: list[dict[str, Any]], unseen: dict[str, list[str]], con
     r["unseen_doc"] = h
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:
+def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
   """The `study` job (configs/study.py)."""
   rows, unseen, names = [], {}, []
   for entry in config.collections:
@@ -166,74 +171,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Report:
              "holm": "over every comparison with dot of the study (vs_dot), separately over "
                      "those with BM25 (vs_bm25), the per-collection and the pooled unseen-doc "
                      "comparisons"}
-  return report.Report(results=results, markdown=markdown(results, config),
-                       figures={"forest": forest_plot(rows, config)})
-
-
-def markdown(results: dict[str, Any], config) -> str:
-  """The study table per collection and embedding, the pooled unseen-doc view, the summary."""
-  m0, alpha = results["measure"], config.stats.alpha
-  out = ["# Where does a learned similarity beat the dot product?\n\n",
-         report.prose("study", "intro", m0=m0, seeds=len(results["seeds"]), alpha=alpha)]
-  rows = results["rows"]
-  seen = []
-  for r in rows:
-    if (r["collection"], r["embedding"]) in seen:
-      continue
-    seen.append((r["collection"], r["embedding"]))
-    mine = [x for x in rows if (x["collection"], x["embedding"]) == seen[-1]]
-    folds = f"{mine[0]['folds']}-fold CV" if mine[0]["folds"] else "its train / test split"
-    n_unseen = mine[0]["unseen_doc"]["n_queries"]
-    out.append(f"\n## {r['collection']} / {r['embedding']} ({mine[0]['n_queries']} queries, "
-               f"{folds}; {n_unseen} unseen-doc)\n\n")
-    table = [[x["model"], f"{x['metrics'][m0]:.4f}", report.fmt_paired(x.get("vs_dot"), alpha),
-              report.fmt_paired(x.get("vs_bm25"), alpha),
-              report.fmt(x["unseen_doc"]["mean"], 4),
-              report.fmt_paired(x["unseen_doc"].get("vs_dot"), alpha)] for x in mine]
-    out.append(report.markdown_table(table, ["model", m0, "vs dot", "vs BM25", "unseen-doc",
-                                             "unseen-doc vs dot"]))
-  out.append("\n## Unseen-doc queries pooled over collections\n\n")
-  out.append(report.markdown_table(
-      [[e["embedding"], e["model"], e["n_queries"], report.fmt_paired(e.get("vs_dot"), alpha)]
-       for e in results["pooled_unseen_doc"]], ["embedding", "model", "queries", "vs dot"]))
-  n_cells = len(seen)
-  out.append(f"\n## Summary (over {n_cells} collection x embedding cells)\n\n")
-  for model, c in results["summary"].items():
-    out.append(f"- **{model}**: significantly better than dot on {c['better']}, tied on "
-               f"{c['tied']}, significantly worse on {c['worse']}.\n")
-  return "".join(out)
-
-
-def forest_plot(rows: list[dict[str, Any]], config):
-  """Difference against dot with its 95% CI: one panel per model, one line per collection x
-  embedding (filled marker: significant after Holm)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  models = [m for m in dict.fromkeys(r["model"] for r in rows) if m != "dot"]
-  cells = list(dict.fromkeys((r["collection"], r["embedding"]) for r in rows))
-  ncols = min(len(models), 5)
-  nrows = -(-len(models) // ncols)
-  fig, axes = plt.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False,
-                           figsize=(2.6 * ncols, nrows * (0.3 * len(cells) + 1.2)))
-  by = {(r["collection"], r["embedding"], r["model"]): r for r in rows}
-  for ax, model in zip(axes.flat, models):
-    for i, (coll, emb) in enumerate(cells):
-      c = by[coll, emb, model]["vs_dot"]
-      sig = stats.mark(c, config.stats.alpha) != stats.TIE
-      ax.errorbar(c["diff"], i, xerr=[[c["diff"] - c["ci95"][0]], [c["ci95"][1] - c["diff"]]],
-                  fmt="o", color="tab:red" if c["diff"] < 0 else "tab:blue",
-                  mfc=None if sig else "white", capsize=2)
-    ax.axvline(0.0, color="black", lw=0.8)
-    ax.set_title(model, fontsize=9)
-    ax.set_xlabel(f"{config.eval.measures[0]} - dot", fontsize=8)
-    ax.xaxis.set_tick_params(labelbottom=True)
-  for ax in axes.flat[len(models):]:
-    ax.set_visible(False)
-  axes[0][0].set_yticks(range(len(cells)))
-  axes[0][0].set_yticklabels([f"{c} / {e}" for c, e in cells])
-  axes[0][0].invert_yaxis()
-  for ax in axes[:, 0]:
-    ax.tick_params(axis="y", labelsize=8)
-  fig.tight_layout()
-  return fig
+  return outputs.Report(results=results, markdown=report.markdown(results, config),
+                        figures={"forest": report.forest_plot(rows, config)})

@@ -21,7 +21,8 @@ from bilinear_ir.experiment import spec
 from bilinear_ir.experiment import training
 from bilinear_ir.experiment import validation
 from bilinear_ir.export import saved_model
-from bilinear_ir.jobs import report
+from bilinear_ir.report import outputs
+from bilinear_ir.report import text
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -84,7 +85,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   if config.train.source == "ict":  # the label-free guard's blend with dot (train.ict.guard)
     results["ict_guard"] = outs[0]["ict_guard"]
   md = (f"# train_eval: {config.model.scorer} on {prepared.collection.name} "
-        f"({results['mode']} ranking)\n\n" + report.markdown_table(rows, header, digits=4))
-  return report.Report(results=results, markdown=md,
-                       extra_files={"run.trec": trec.run_to_text(run_dict, config.model.scorer)},
-                       folders=models)
+        f"({results['mode']} ranking)\n\n" + text.markdown_table(rows, header, digits=4))
+  return outputs.Report(results=results, markdown=md,
+                        extra_files={"run.trec": trec.run_to_text(run_dict, config.model.scorer)},
+                        folders=models)

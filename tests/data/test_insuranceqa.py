@@ -11,8 +11,6 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -28,7 +26,7 @@ from bilinear_ir.config.blocks import train_config
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import validation
-from conftest import REPO, expect_located
+from conftest import expect_located, get_config
 
 ANSWERS = {str(i): {"en": f"  Answer\tnumber  {i}.\n", "zh": "答"} for i in range(1, 11)}
 QUESTIONS = {
@@ -188,21 +186,7 @@ def test_malformed_file_raises_located_error(tmp_path, case):
   expect_located(str(e.value), file, record, field)
 
 
-def _main(repo_root: str, workdir, *args: str, runner: str | None = None
-          ) -> subprocess.CompletedProcess:
-  argv = ["--config=configs/collection_stats.py", "--config.data.format=insuranceqa",
-          *args, f"--workdir={workdir}"]
-  cmd = [sys.executable, runner] if runner else [sys.executable, "-m", "bilinear_ir.main"]
-  return subprocess.run(cmd + argv, cwd=repo_root, capture_output=True, text=True, timeout=300,
-                        check=False, env=dict(os.environ, XLA_FLAGS="", PYTHONPATH=repo_root))
-
-
-def _one_error_line(proc: subprocess.CompletedProcess, workdir) -> str:
-  assert proc.returncode == 2, proc.stderr
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-  assert not (workdir / "results.json").exists()
-  return lines[0]
+STATS = ("configs/collection_stats.py", "--config.data.format=insuranceqa")
 
 
 THROUGH_MAIN = [c for c in MALFORMED if c[0] in ("truncated_gzip", "broken_json",
@@ -210,18 +194,17 @@ THROUGH_MAIN = [c for c in MALFORMED if c[0] in ("truncated_gzip", "broken_json"
 
 
 @pytest.mark.parametrize("case", THROUGH_MAIN, ids=[c[0] for c in THROUGH_MAIN])
-def test_main_exits_2_on_malformed_file(tmp_path, repo_root, case):
+def test_main_exits_2_on_malformed_file(tmp_path, run_main, case):
   _, spec, file, record, field = case
   workdir = tmp_path / "w"
-  proc = _main(repo_root, workdir, f"--config.data.path={_make(tmp_path / 'bad', spec)}")
-  expect_located(_one_error_line(proc, workdir), file, record, field)
+  run = run_main(STATS[0], workdir, STATS[1],
+                 f"--config.data.path={_make(tmp_path / 'bad', spec)}")
+  expect_located(run.one_error_line(), file, record, field)
 
 
-def test_main_reads_a_fake_tree(tmp_path, repo_root):
-  workdir = tmp_path / "w"
-  proc = _main(repo_root, workdir, f"--config.data.path={_fake(tmp_path / 'iqa')}")
-  assert proc.returncode == 0, proc.stderr
-  results = json.loads((workdir / "results.json").read_text())
+def test_main_reads_a_fake_tree(tmp_path, run_main):
+  results = run_main.in_process(STATS[0], tmp_path / "w", STATS[1],
+                                f"--config.data.path={_fake(tmp_path / 'iqa')}")
   assert results["docs"] == 10
   assert {s: v["qrels"] for s, v in results["splits"].items()} == {"train": 4, "dev": 1,
                                                                     "test": 3}
@@ -270,14 +253,6 @@ def test_installed_package_path_is_read(tmp_path, monkeypatch):
   validation.check_data(_config(""))  # accepted: the package is there
 
 
-def _job_config(job: str, arg: str):
-  spec = importlib.util.spec_from_file_location(f"{job}_cfg",
-                                                os.path.join(REPO, "configs", f"{job}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 @pytest.mark.parametrize("job,arg", [("late_interaction", "collection=insuranceqa"),
                                      ("learning_curve", "collection=insuranceqa"),
                                      ("reproduce_table", "collection=insuranceqa")])
@@ -289,7 +264,7 @@ def test_a_copy_in_data_path_needs_no_package(tmp_path, monkeypatch, job, arg):
   import importlib as _importlib  # pylint: disable=g-import-not-at-top
   module = _importlib.import_module(f"bilinear_ir.jobs.{job}")
   _patch_find_spec(monkeypatch, None)
-  c = _job_config(job, arg)
+  c = get_config(job, arg)
   c.data.path = _fake(tmp_path / "copy")
   module.validate(c)
   assert loaders.load(spec_lib.collection_block(c.data, "insuranceqa")).num_docs == 10
@@ -301,7 +276,7 @@ def test_a_copy_in_data_path_needs_no_package(tmp_path, monkeypatch, job, arg):
     module.validate(c)
 
 
-def test_main_exits_2_when_the_package_is_missing(tmp_path, repo_root):
+def test_main_exits_2_when_the_package_is_missing(tmp_path, run_main):
   runner = tmp_path / "runner.py"
   runner.write_text(
       "import importlib.util, runpy\n"
@@ -310,7 +285,7 @@ def test_main_exits_2_when_the_package_is_missing(tmp_path, repo_root):
       "                                             else real(name, *a))\n"
       "runpy.run_module('bilinear_ir.main', run_name='__main__', alter_sys=True)\n")
   workdir = tmp_path / "w"
-  line = _one_error_line(_main(repo_root, workdir, runner=str(runner)), workdir)
+  line = run_main(STATS[0], workdir, STATS[1], entry=(str(runner),)).one_error_line()
   assert insuranceqa.PIP_COMMAND in line
 
 
@@ -537,11 +512,7 @@ def test_insuranceqa_table_adds_pool_p_at_1(tmp_path, monkeypatch):
   from bilinear_ir.experiment import rows as rows_lib  # pylint: disable=g-import-not-at-top
   from bilinear_ir.jobs import reproduce_table  # pylint: disable=g-import-not-at-top
   _patch_find_spec(monkeypatch, _spec_at(_random_tree(tmp_path / insuranceqa.PACKAGE)))
-  spec = importlib.util.spec_from_file_location(
-      "table_cfg", os.path.join(REPO, "configs", "reproduce_table.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config("collection=insuranceqa,seeds=0,ranks=4,embeddings=mean,max_steps=6")
+  c = get_config("reproduce_table", "collection=insuranceqa,seeds=0,ranks=4,embeddings=mean,max_steps=6")
   assert c.mol and c.train.negatives_from == "dataset" and c.residuals == ("identity",)
   c.train.batch_size = 8
   c.encoder.max_length, c.encoder.cache_dir = 32, str(tmp_path / "cache")

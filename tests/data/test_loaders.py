@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.util
 import io
 import json
 import os
 import re
-import subprocess
-import sys
 import zipfile
 
 import pytest
@@ -21,7 +18,7 @@ from bilinear_ir.data import scifact as scifact_lib
 from bilinear_ir.config.blocks import data_config
 from bilinear_ir.errors import InputError
 from bilinear_ir.jobs import collection_stats
-from conftest import expect_located
+from conftest import expect_located, get_config
 
 
 def _config(fmt: str, path: str):
@@ -311,11 +308,7 @@ def test_trec_car_round_trip(tmp_path):
 
 
 def test_stats_job_counts(tmp_path, repo_root):
-  spec = importlib.util.spec_from_file_location(
-      "collection_stats", os.path.join(repo_root, "configs", "collection_stats.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(f"format=beir,path={_beir(tmp_path / 'mini')}")
+  config = get_config("collection_stats", f"format=beir,path={_beir(tmp_path / 'mini')}")
   results = collection_stats.run(config, str(tmp_path / "w")).results
   assert results["docs"] == 3 and results["queries"] == 3
   assert results["avg_doc_words"] == pytest.approx((4 + 3 + 2) / 3)
@@ -442,31 +435,22 @@ def test_unknown_format_and_missing_path(tmp_path):
 # Through `main`: exit code 2, one line on stderr, no results written.
 
 
-def _main(repo_root: str, fmt: str, path: str, workdir: str) -> subprocess.CompletedProcess:
-  return subprocess.run(
-      [sys.executable, "-m", "bilinear_ir.main", "--config=configs/collection_stats.py",
-       f"--config.data.format={fmt}", f"--config.data.path={path}", f"--workdir={workdir}"],
-      cwd=repo_root, capture_output=True, text=True, timeout=120, check=False)
+def _stats_flags(fmt: str, path: str) -> tuple[str, ...]:
+  return ("configs/collection_stats.py", f"--config.data.format={fmt}",
+          f"--config.data.path={path}")
 
 
 @pytest.mark.parametrize("case", MALFORMED, ids=[c[0] for c in MALFORMED])
-def test_main_exits_2_on_malformed_input(tmp_path, repo_root, case):
+def test_main_exits_2_on_malformed_input(tmp_path, run_main, case):
   _, fmt, make, file, record, field = case
-  workdir = tmp_path / "w"
-  proc = _main(repo_root, fmt, make(tmp_path / "bad"), str(workdir))
-  assert proc.returncode == 2, proc.stderr
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-  assert "Traceback" not in proc.stderr
-  expect_located(lines[0], file, record, field)
-  assert not (workdir / "results.json").exists() and not (workdir / "results.md").exists()
+  config, *flags = _stats_flags(fmt, make(tmp_path / "bad"))
+  expect_located(run_main(config, tmp_path / "w", *flags).one_error_line(), file, record, field)
 
 
-def test_main_writes_stats(tmp_path, repo_root):
+def test_main_writes_stats(tmp_path, run_main):
   workdir = tmp_path / "w"
-  proc = _main(repo_root, "beir", _beir(tmp_path / "mini"), str(workdir))
-  assert proc.returncode == 0, proc.stderr
-  results = json.loads((workdir / "results.json").read_text())
+  config, *flags = _stats_flags("beir", _beir(tmp_path / "mini"))
+  results = run_main.in_process(config, workdir, *flags)
   assert results["docs"] == 3
   assert {s: v["qrels"] for s, v in results["splits"].items()} == {"test": 1, "train": 2}
 

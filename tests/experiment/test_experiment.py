@@ -13,7 +13,7 @@ from bilinear_ir.eval import stats
 from bilinear_ir.experiment import compare
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
-from bilinear_ir.jobs import report
+from bilinear_ir.report import text as report
 
 
 def _config():

@@ -75,7 +75,7 @@ def test_pool_p_at_1_matches_brute_force(setting, lam):
       return sparse
     return lam * minmax(dense) + (1 - lam) * minmax(sparse)
 
-  got = evaluate.pool_p_at_1(prepared, test, pools, lam, "minmax", module, {"W": w})
+  got = evaluate.PoolEvaluator(prepared, test, pools)(lam, "minmax", module, {"W": w})
   want = _brute(prepared, test, pools, fused_of)
   assert got["per_query"] == want
   assert got["mean"] == pytest.approx(np.mean(list(want.values())))

@@ -16,7 +16,7 @@ import scipy.sparse as sp
 import scipy.stats
 
 from bilinear_ir.data import bm25
-from bilinear_ir.fidelity import experiments
+from bilinear_ir.studies import fidelity_experiments as experiments
 from bilinear_ir.fidelity import projections
 from bilinear_ir.fidelity import theory
 

@@ -1,11 +1,8 @@
 """The `fidelity_bm25` job: on a small Collection directly, and end to end through main."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,16 +12,12 @@ from bilinear_ir.data.collection import Collection
 from bilinear_ir.errors import InputError
 from bilinear_ir.jobs import fidelity_bm25
 from bilinear_ir.fidelity import theory
-from conftest import REPO
+from conftest import get_config
 
-CONFIG = os.path.join(REPO, "configs", "fidelity_bm25.py")
 
 
 def _get_config(arg: str):
-  spec = importlib.util.spec_from_file_location("fidelity_bm25", CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return get_config("fidelity_bm25", arg)
 
 WORDS = ("insulin resistance muscle diabetes obesity tumour apoptosis damage vitamin fracture "
          "cholesterol statin heart gut microbiome inflammation arthritis cancer screening aspirin "
@@ -139,24 +132,17 @@ def _write_beir(folder: str) -> None:
     f.write("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(6)))
 
 
-def test_tiny_config_end_to_end_through_main(tmp_path, repo_root):
+def test_tiny_config_end_to_end_through_main(tmp_path, run_main):
   data = str(tmp_path / "beir")
   _write_beir(data)
   work = str(tmp_path / "work")
-  cmd = [sys.executable, "-m", "bilinear_ir.main",
-         "--config=configs/fidelity_bm25.py:tiny=true", f"--workdir={work}",
-         "--config.data.format=beir", f"--config.data.path={data}"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-  done = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
-  assert done.returncode == 0, done.stderr[-2000:]
-  with open(os.path.join(work, "results.json"), encoding="utf-8") as f:
-    res = json.load(f)
+  res = run_main.in_process("configs/fidelity_bm25.py:tiny=true", work,
+                            "--config.data.format=beir", f"--config.data.path={data}")
   assert {"fig2", "fig3a", "fig3b", "min_margin", "lemma1_check"} <= set(res)
   assert {"bins", "min_k", "bound_k", "slope"} <= set(res["fig2"])
   assert res["collection"]["docs"] == 30 and res["collection"]["queries"] == 6
   assert res["min_margin"]["bm25"] > 0 and res["min_margin"]["boolean"] > 0
   for name in ("fig2.png", "fig3a.png", "fig3b.png", "results.md", "config.json"):
     assert os.path.getsize(os.path.join(work, name)) > 0
-  bad = subprocess.run(cmd[:-1] + [f"--config.data.path={tmp_path / 'missing'}"], cwd=repo_root,
-                       env=env, capture_output=True, text=True, timeout=600)
-  assert bad.returncode == 2 and "data.path" in bad.stderr
+  run_main("configs/fidelity_bm25.py:tiny=true", tmp_path / "bad", "--config.data.format=beir",
+           f"--config.data.path={tmp_path / 'missing'}").one_error_line("data.path")

@@ -14,6 +14,7 @@ from bilinear_ir.config import blocks
 from bilinear_ir.data.batches import TrainSet
 from bilinear_ir.errors import InputError
 from bilinear_ir.jobs import late_interaction as job
+from bilinear_ir.report import late_interaction as job_report
 from bilinear_ir.retrieval import candidates
 from bilinear_ir.train import trainer
 from conftest import REPO, write_beir
@@ -329,7 +330,7 @@ def test_table_row_at_w_equal_identity_is_the_dot_row_and_a_baseline(tmp_path, t
   assert "vs_table" not in table
   assert os.path.isdir(tmp_path / "w" / "runs") and any(
       f.startswith("table-bilinear-n18") for f in os.listdir(tmp_path / "w" / "runs"))
-  md = job.markdown(res, c)
+  md = job_report.markdown(res, c)
   assert "| table (bilinear) |" in md and "against the table similarity (bilinear" in md
 
 
@@ -347,7 +348,7 @@ def test_curve_plot_draws_each_trained_row_s_own_model_per_n():
               "model_metrics": {"ndcg@10": own}},
              {"row": "hybrid (colbert + BM25)", "scorer": "hybrid", "n_train": n,
               "metrics": {"ndcg@10": 0.44}}]
-  fig = job.plot({"rows": rows, "sizes": [300, 3000], "measure": "ndcg@10",
+  fig = job_report.plot({"rows": rows, "sizes": [300, 3000], "measure": "ndcg@10",
                   "collection": "c"})
   lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
   assert set(lines) == {"dot", "colbert", "lite"}

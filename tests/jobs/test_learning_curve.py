@@ -13,10 +13,11 @@ from bilinear_ir.data import embeddings
 from bilinear_ir.data import pipeline
 from bilinear_ir.data import precomputed
 from bilinear_ir.eval import stats
-from bilinear_ir.experiment import curve
+from bilinear_ir.studies import curve_subsets as curve
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.jobs import learning_curve
+from bilinear_ir.report import learning_curve as curve_report
 from bilinear_ir.train import trainer
 from conftest import REPO
 from conftest import TINY_VOCAB
@@ -344,12 +345,12 @@ def test_plot_goes_symlog_only_where_a_difference_leaves_the_linear_band():
     for n in (100, 1000):
       rows += [point("wdp", n, 0.01), point("mol", n, far if n == 100 else 0.0)]
   config = types.SimpleNamespace(embeddings=("near", "far"))
-  fig = learning_curve.plot({"rows": rows, "measure": "ndcg@10"}, config)
+  fig = curve_report.plot({"rows": rows, "measure": "ndcg@10"}, config)
   near, far = fig.axes[:2], fig.axes[2:]
   assert [ax.get_yscale() for ax in near] == ["linear"] * 2
   assert [ax.get_yscale() for ax in far] == ["symlog"] * 2
   for ax in far:
     lo, hi = ax.get_ylim()
     assert lo <= -0.4 - 0.005 and hi >= 0.015  # every point and its CI drawn
-    assert set(ax.get_yticks()) <= set(learning_curve.Y_TICKS)
+    assert set(ax.get_yticks()) <= set(curve_report.Y_TICKS)
     assert ax.get_yaxis().get_label().get_text().endswith("(symlog)")

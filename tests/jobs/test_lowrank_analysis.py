@@ -1,10 +1,6 @@
 """The lowrank_analysis job: Theorem 3 checks against a float64 twin, truncation metrics against
 the dense W_r through the full bilinear scorer, the pair sampler, and the job end to end."""
-import importlib.util
-import json
 import os
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -14,19 +10,11 @@ from bilinear_ir import lowrank
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import evaluate
-from bilinear_ir.experiment import truncation
-from bilinear_ir.jobs import lowrank_analysis
-from conftest import REPO, random_prepared, write_beir
+from bilinear_ir.report import lowrank_analysis as lowrank_report
+from bilinear_ir.studies import truncation
+from conftest import get_config, random_prepared, write_beir
 
 DIM = 12
-
-
-def _load_config(name: str, arg=None):
-  spec = importlib.util.spec_from_file_location(f"{name}_config",
-                                                os.path.join(REPO, "configs", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 def _decaying(seed: int, n: int, decay: float = 0.75) -> np.ndarray:
@@ -43,12 +31,12 @@ def _truncated64(W: np.ndarray, r: int) -> np.ndarray:
 
 
 def test_config_uses_the_table_recipe():
-  mine, table = _load_config("lowrank_analysis"), _load_config("reproduce_table")
+  mine, table = get_config("lowrank_analysis"), get_config("reproduce_table")
   for block in ("data", "encoder", "bm25", "train", "train_overrides", "eval"):
     assert mine[block].to_dict() == table[block].to_dict(), block
   assert mine.seed == table.seed and mine.job == "lowrank_analysis"
   assert tuple(mine.ranks) == (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384)
-  assert _load_config("lowrank_analysis", "seeds=0+1,ranks=3+5").seeds == (0, 1)
+  assert get_config("lowrank_analysis", "seeds=0+1,ranks=3+5").seeds == (0, 1)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -119,7 +107,7 @@ def test_pointwise_pairs_top_then_distinct_random_docs():
 def small(tmp_path_factory):
   """A BEIR collection with random 12-d embeddings (no encoder), its BM25 and splits."""
   beir = write_beir(str(tmp_path_factory.mktemp("beir")), num_docs=80, num_queries=60)
-  cfg = _load_config("lowrank_analysis")
+  cfg = get_config("lowrank_analysis")
   with cfg.unlocked():
     cfg.data.format, cfg.data.path, cfg.data.dev_fraction = "beir", beir, 0.3
     cfg.eval.depth = 80
@@ -146,40 +134,30 @@ def test_analyze_matches_dense_truncation_and_counts_checks(small):
     assert out["by_rank"][r]["pointwise"]["checks"] == n_test * 10
     for name, split in (("dev", splitset.dev), ("test", splitset.test)):
       rows = prepared.query_row_index(split.query_ids)
-      want, _ = evaluate.evaluate_scorer(
+      want, _ = evaluate.RankingEvaluator(split.query_ids, emb.doc_ids, split.qrels, measures,
+                                          depth=cfg.eval.depth)(
           module, {"W": jnp.asarray(_truncated64(W, r), jnp.float32)}, emb.queries[rows],
-          emb.docs, split.query_ids, emb.doc_ids, split.qrels, depth=cfg.eval.depth,
-          measures=measures)
+          emb.docs)
       for m in measures:
         assert out["by_rank"][r][name][m] == pytest.approx(want["mean"][m], abs=1e-12), (r, m)
   np.testing.assert_allclose(out["spectrum"], np.linalg.svd(W.astype(np.float64),
                                                             compute_uv=False), rtol=1e-5)
 
 
-def _env():
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # one CPU device, as a user runs it
-  env["PYTHONPATH"] = REPO
-  return env
-
-
-def test_job_end_to_end(tmp_path, tiny_bert_dir):
+def test_job_end_to_end(tmp_path, tiny_bert_dir, run_main):
   beir = write_beir(str(tmp_path / "beir"), num_docs=60, num_queries=48)
   w = tmp_path / "w"
-  cmd = [sys.executable, "-m", "bilinear_ir.main",
-         "--config=configs/lowrank_analysis.py:ranks=1+4+16+32+64,embeddings=mean+cls,seeds=0+1",
-         f"--workdir={w}", "--config.data.format=beir", f"--config.data.path={beir}",
-         "--config.data.dev_fraction=0.25", f"--config.encoder.model={tiny_bert_dir}",
-         f"--config.encoder.cache_dir={tmp_path / 'cache'}", "--config.encoder.max_length=32",
-         "--config.train.batch_size=8", "--config.train.steps=20",
-         "--config.train.eval_every=10", "--config.eval.depth=50",
-         "--config.pointwise.top_docs=5", "--config.pointwise.random_docs=7"]
-  proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  res = run_main.in_process(
+      "configs/lowrank_analysis.py:ranks=1+4+16+32+64,embeddings=mean+cls,seeds=0+1", w,
+      "--config.data.format=beir", f"--config.data.path={beir}",
+      "--config.data.dev_fraction=0.25", f"--config.encoder.model={tiny_bert_dir}",
+      f"--config.encoder.cache_dir={tmp_path / 'cache'}", "--config.encoder.max_length=32",
+      "--config.train.batch_size=8", "--config.train.steps=20", "--config.train.eval_every=10",
+      "--config.eval.depth=50", "--config.pointwise.top_docs=5",
+      "--config.pointwise.random_docs=7")
   for name in ("results.md", "config.json", "fig1a_metric_vs_rank.png",
                "fig1b_metric_vs_sigma_next.png", "fig1c_spectrum.png"):
     assert (w / name).exists(), name
-  res = json.loads((w / "results.json").read_text())
   n = 32  # tiny BERT width
   test_queries = {line.split("\t")[0] for line in
                   open(os.path.join(beir, "qrels", "test.tsv")).read().splitlines()[1:]}
@@ -218,8 +196,8 @@ def test_job_end_to_end(tmp_path, tiny_bert_dir):
   assert res["max_error_over_bound"] <= 1 + res["pointwise_tolerance"]
   assert res["by_rank"] == res["embeddings"]["mean"]["by_rank"]
   # Fig. 1a plots the truncation curves and the full W's level; at r = n they meet.
-  cfg = _load_config("lowrank_analysis")
-  figs = lowrank_analysis.figures(res, cfg)
+  cfg = get_config("lowrank_analysis")
+  figs = lowrank_report.figures(res, cfg)
   lines = {ln.get_label(): ln for ln in figs["fig1a_metric_vs_rank"].axes[0].get_lines()}
   for name, e in res["embeddings"].items():
     curve = lines[f"{name}: W_r test"]

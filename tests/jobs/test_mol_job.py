@@ -1,10 +1,6 @@
 """The Mixture-of-Logits job: L_MI really in the loss, no needless recompiles, memory-sized
 top-k blocks, and the job end to end through main."""
 import dataclasses
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -13,26 +9,21 @@ import pytest
 from bilinear_ir import scorers
 from bilinear_ir.data import pipeline
 from bilinear_ir.data.batches import BatchSampler
-from bilinear_ir.experiment import approximate
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.jobs import mol as mol_table
 from bilinear_ir.retrieval import ranking
+from bilinear_ir.studies import approximate_topk as approximate
 from bilinear_ir.train import losses
 from bilinear_ir.train import trainer
-from conftest import REPO, random_prepared, write_beir
+from conftest import get_config, random_prepared, write_beir
 
 DIM = 16
 
 
 def _config(beir: str, alpha: float, steps: int = 30):
   """A configs/mol.py config over a BEIR folder, for one MoL row (P_q = P_x = 2)."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location("mol_config", os.path.join(REPO, "configs",
-                                                                          "mol.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  c = get_config("mol")
   with c.unlocked():
     c.data.format, c.data.path, c.data.dev_fraction = "beir", beir, 0.0
     c.train.batch_size, c.train.steps, c.train.eval_every = 8, steps, 1
@@ -171,25 +162,19 @@ def test_score_topk_of_a_token_mol_is_its_brute_force(monkeypatch):
   np.testing.assert_allclose(scores, np.take_along_axis(full, want, 1), rtol=1e-5, atol=1e-6)
 
 
-def test_mol_job_end_to_end(tmp_path, tiny_bert_dir):
+def test_mol_job_end_to_end(tmp_path, tiny_bert_dir, run_main):
   beir = write_beir(str(tmp_path / "beir"), num_docs=60, num_queries=48)
   w = tmp_path / "w"
-  cmd = [sys.executable, "-m", "bilinear_ir.main",
-         "--config=configs/mol.py:seeds=0+1,components=2,mi_weights=5+0,embeddings=mean,"
-         "baselines=wdp,d_p=8", f"--workdir={w}", "--config.data.format=beir",
-         f"--config.data.path={beir}", "--config.data.dev_fraction=0.0",
-         f"--config.encoder.model={tiny_bert_dir}", f"--config.encoder.cache_dir={tmp_path}/c",
-         "--config.encoder.max_length=32", "--config.train.batch_size=8",
-         "--config.train.steps=30", "--config.mol_train.lr=0.03", "--config.eval.depth=50",
-         "--config.retrieval.per_embedding=(5,)", "--config.retrieval.avg=(20,)",
-         "--config.retrieval.comb_n1=(2,)", "--config.retrieval.comb_n2=(10,)",
-         "--config.retrieval.max_range=30", "--config.gate_sample_docs=60"]
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # one CPU device, as a user runs it
-  env["PYTHONPATH"] = REPO
-  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  res = json.loads((w / "results.json").read_text())
+  res = run_main.in_process(
+      "configs/mol.py:seeds=0+1,components=2,mi_weights=5+0,embeddings=mean,baselines=wdp,d_p=8",
+      w, "--config.data.format=beir", f"--config.data.path={beir}",
+      "--config.data.dev_fraction=0.0", f"--config.encoder.model={tiny_bert_dir}",
+      f"--config.encoder.cache_dir={tmp_path}/c", "--config.encoder.max_length=32",
+      "--config.train.batch_size=8", "--config.train.steps=30", "--config.mol_train.lr=0.03",
+      "--config.eval.depth=50", "--config.retrieval.per_embedding=(5,)",
+      "--config.retrieval.avg=(20,)", "--config.retrieval.comb_n1=(2,)",
+      "--config.retrieval.comb_n2=(10,)", "--config.retrieval.max_range=30",
+      "--config.gate_sample_docs=60")
   measures = {"ndcg@10", "mrr@10", "map", "recall@100"}
   assert set(res["metrics"]) == measures and res["scorer"] == "mol"
   rows = res["rows"]

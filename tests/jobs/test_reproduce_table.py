@@ -1,6 +1,5 @@
 """The `reproduce_table` job on a tiny collection: paired statistics against dot and BM25, the
 sample std over seeds, and findings chosen on dev."""
-import importlib.util
 import os
 
 import numpy as np
@@ -10,19 +9,15 @@ from bilinear_ir.eval import stats
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.export import saved_model
 from bilinear_ir.jobs import reproduce_table
-from conftest import REPO
-from conftest import write_beir
+from bilinear_ir.report import reproduce_table as table_report
+from conftest import get_config, write_beir
 
 
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
   root = tmp_path_factory.mktemp("table")
-  spec = importlib.util.spec_from_file_location(
-      "table_cfg", os.path.join(REPO, "configs", "reproduce_table.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config("seeds=0+1,ranks=4,embeddings=mean,source_rows=bilinear")
+  c = get_config("reproduce_table", "seeds=0+1,ranks=4,embeddings=mean,source_rows=bilinear")
   c.data.format, c.data.path = "beir", write_beir(str(root / "beir"), num_docs=40,
                                                    num_queries=30, seed=3)
   c.data.dev_fraction = 0.3
@@ -58,7 +53,7 @@ def test_findings_name_the_learned_row_best_on_dev(table):
   learned = [r for r in rows if r["scorer"] in ("wdp", "lowrank", "bilinear")
              and r["source"] != "ict"]  # ICT rows select on ICT pairs, not comparable
   best = max(learned, key=lambda r: r["dev"][c.train.select_metric])
-  name = reproduce_table._row_name(best)  # pylint: disable=protected-access
+  name = table_report._row_name(best)  # pylint: disable=protected-access
   assert f"The learned similarity best on dev: {name} {best['metrics']['ndcg@10']:.4f}" in (
       rep.markdown)
   assert "sample std (ddof = 1) over the n = 2 training seeds" in rep.markdown

@@ -3,12 +3,9 @@
 Subprocesses (each pays the jax import and the encoder load): one train_eval, one two-process
 (distributed, sharded) retrieve reusing the index, one bad model_dir. The rest runs in-process.
 """
-import importlib.util
 import json
 import os
-import socket
 import subprocess
-import sys
 
 import jax.numpy as jnp
 import ml_collections
@@ -22,24 +19,13 @@ from bilinear_ir.retrieval import index as index_lib
 from bilinear_ir.jobs import retrieve as job
 from bilinear_ir.retrieval import serving
 from bilinear_ir.retrieval import sharded
-from conftest import REPO, write_beir
+from conftest import MainRunner, free_port, get_config, write_beir
 
 K = 50  # = train_eval's eval.depth below: both runs hold the same 50 of the 60 docs
 
 
-def _env(devices: int = 1, **extra):
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
-  if devices > 1:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  env["PYTHONPATH"] = REPO
-  env.update(extra)
-  return env
-
-
-def _main(config, workdir, beir, cache, *extra):
-  return [sys.executable, "-m", "bilinear_ir.main", f"--config={config}", f"--workdir={workdir}",
-          "--config.data.format=beir", f"--config.data.path={beir}",
+def _data(beir, cache, *extra):
+  return ["--config.data.format=beir", f"--config.data.path={beir}",
           f"--config.encoder.cache_dir={cache}", *extra]
 
 
@@ -49,23 +35,17 @@ def trained(tmp_path_factory, tiny_bert_dir):
   root = tmp_path_factory.mktemp("retrieve")
   beir = write_beir(str(root / "beir"), num_docs=60, num_queries=48, seed=5)
   cache = root / "cache"
-  cmd = _main("configs/train_eval.py:scorer=lowrank,rank=4,residual=identity", root / "train",
-              beir, cache, f"--config.encoder.model={tiny_bert_dir}",
-              "--config.encoder.max_length=32", "--config.train.batch_size=8",
-              "--config.train.steps=20", "--config.train.eval_every=10",
-              f"--config.eval.depth={K}")
-  proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  MainRunner()("configs/train_eval.py:scorer=lowrank,rank=4,residual=identity", root / "train",
+               *_data(beir, cache, f"--config.encoder.model={tiny_bert_dir}",
+                      "--config.encoder.max_length=32", "--config.train.batch_size=8",
+                      "--config.train.steps=20", "--config.train.eval_every=10",
+                      f"--config.eval.depth={K}")).results()
   return root, beir, cache
 
 
 def _config(beir, cache, bert, **fields):
   """configs/retrieve.py over the BEIR folder; `bert` None leaves the encoder to the model."""
-  spec = importlib.util.spec_from_file_location("retrieve_config",
-                                                os.path.join(REPO, "configs", "retrieve.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  c = get_config("retrieve")
   c.data.format, c.data.path = "beir", str(beir)
   c.encoder.cache_dir = str(cache)
   if bert is not None:
@@ -87,13 +67,7 @@ def _mtimes(folder):
   return {name: os.stat(os.path.join(folder, name)).st_mtime_ns for name in os.listdir(folder)}
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
-def test_retrieve_equals_train_eval_then_two_processes_reuse_the_index(trained):
+def test_retrieve_equals_train_eval_then_two_processes_reuse_the_index(trained, run_main):
   root, beir, cache = trained
   train = json.loads((root / "train" / "results.json").read_text())
   want = trec.read_run(str(root / "train" / "run.trec"))
@@ -117,17 +91,19 @@ def test_retrieve_equals_train_eval_then_two_processes_reuse_the_index(trained):
   index_dir = w1 / "index"
   before = _mtimes(index_dir)
   w2 = root / "r2"
-  port = _free_port()
+  port = free_port()
   procs = []
   for i in range(2):
-    env = _env(devices=2, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-               SLURM_JOB_ID="1", SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="2",
-               SLURM_PROCID=str(i), SLURM_LOCALID=str(i))
-    procs.append(subprocess.Popen(
-        _main(f"configs/retrieve.py:{arg}", w2, beir, cache, f"--config.index_dir={index_dir}",
-              "--config.distributed=True", "--config.sharded=True", "--config.query_batch=10",
-              "--config.rebuild=False"),
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    env = dict(JAX_COORDINATOR_ADDRESS=f"localhost:{port}", SLURM_JOB_ID="1",
+               SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="2", SLURM_PROCID=str(i),
+               SLURM_LOCALID=str(i))
+    procs.append(run_main.popen(
+        f"configs/retrieve.py:{arg}", w2, *_data(beir, cache, f"--config.index_dir={index_dir}",
+                                                 "--config.distributed=True",
+                                                 "--config.sharded=True",
+                                                 "--config.query_batch=10",
+                                                 "--config.rebuild=False"),
+        devices=2, env=env))
   logs = []
   for p in procs:
     try:
@@ -145,16 +121,11 @@ def test_retrieve_equals_train_eval_then_two_processes_reuse_the_index(trained):
   assert _mtimes(index_dir) == before
 
 
-def test_bad_model_dir_exits_2_without_results(trained):
+def test_bad_model_dir_exits_2_without_results(trained, run_main):
   root, beir, cache = trained
-  w = root / "bad"
   # The train_eval workdir itself is not a model folder (its model is in WORKDIR/model).
-  proc = subprocess.run(_main(f"configs/retrieve.py:model_dir={root / 'train'}", w, beir, cache),
-                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 2
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and "config.json" in lines[0] and "Traceback" not in proc.stderr
-  assert not (w / "results.json").exists()
+  run_main(f"configs/retrieve.py:model_dir={root / 'train'}", root / "bad",
+           *_data(beir, cache)).one_error_line("config.json")
 
 
 def test_dot_product_mode_equals_numpy_brute_force(trained, tiny_bert_dir, tmp_path):

@@ -1,11 +1,6 @@
 """The `study` job on two tiny collections: one with its own train / test split, one test-only
 (cross-validated), the frozen all-MiniLM-L6-v2 "mean" embedding, a few training steps."""
 import copy
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 import types
 
 import numpy as np
@@ -18,17 +13,12 @@ from bilinear_ir.eval import metrics
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.jobs import study
-from conftest import REPO
-from conftest import write_beir
+from conftest import get_config, write_beir
 
 
 
 def _config(collections, cache):
-  spec = importlib.util.spec_from_file_location("study_cfg", os.path.join(REPO, "configs",
-                                                                          "study.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config(f"collections={'+'.join(collections)},embeddings=mean,seeds=0+1,folds=3,"
+  c = get_config("study", f"collections={'+'.join(collections)},embeddings=mean,seeds=0+1,folds=3,"
                         "ranks=4,ict_rows=bilinear")
   c.train.steps, c.train.eval_every, c.train.batch_size = 12, 6, 8
   c.encoder.max_length, c.encoder.cache_dir = 32, str(cache)
@@ -117,20 +107,16 @@ def test_unseen_doc_queries_follow_the_folds(study_run):
   assert pooled["mean", "bilinear"]["n_queries"] == n
 
 
-def test_study_through_main_writes_table_and_forest_plot(tmp_path):
+def test_study_through_main_writes_table_and_forest_plot(tmp_path, run_main):
   data = write_beir(str(tmp_path / "only"), num_docs=30, num_queries=15, seed=2,
                     splits=("test",))
   w = tmp_path / "w"
-  out = subprocess.run(
-      [sys.executable, "-m", "bilinear_ir.main",
-       f"--config=configs/study.py:collections={data},embeddings=mean,seeds=0,folds=3,ranks=4,"
-       "models=bilinear+lowrank,ict_rows=", "--config.train.ict.dev_docs=4",
-       "--config.train.steps=6", "--config.train.eval_every=3",
-       "--config.train.batch_size=8", "--config.encoder.max_length=32",
-       f"--config.encoder.cache_dir={tmp_path / 'cache'}", "--config.stats.resamples=200",
-       f"--workdir={w}"], cwd=REPO, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-2000:]
-  res = json.loads((w / "results.json").read_text())
+  res = run_main.in_process(
+      f"configs/study.py:collections={data},embeddings=mean,seeds=0,folds=3,ranks=4,"
+      "models=bilinear+lowrank,ict_rows=", w, "--config.train.ict.dev_docs=4",
+      "--config.train.steps=6", "--config.train.eval_every=3", "--config.train.batch_size=8",
+      "--config.encoder.max_length=32", f"--config.encoder.cache_dir={tmp_path / 'cache'}",
+      "--config.stats.resamples=200")
   assert {r["model"] for r in res["rows"]} == {"dot", "bm25", "bilinear", "lowrank_r4",
                                                "learned", "hybrid"}
   assert (w / "forest.png").stat().st_size > 1000
@@ -160,12 +146,12 @@ def _fake_outcomes(monkeypatch):
     record[key] = out
     return out
 
-  # pylint: disable-next=unused-argument
-  def fake_hybrid(module, params, prepared, dev, test, cfg, measures):
-    return {"per_query": {q: {m: 0.5 for m in measures} for q in test.query_ids}}, 0.5, {}
+  def fake_hybrid(self, candidates_of, splits):  # pylint: disable=unused-argument
+    return 0.5, {name: ({"per_query": {q: {m: 0.5 for m in self.measures}
+                                       for q in s.query_ids}}, {}) for name, s in splits.items()}
 
   monkeypatch.setattr(study.rows_lib.training, "train_and_evaluate", fake_train)
-  monkeypatch.setattr(study.rows_lib.evaluate, "evaluate_hybrid", fake_hybrid)
+  monkeypatch.setattr(study.evaluate.HybridEvaluator, "__call__", fake_hybrid)
   return record
 
 

@@ -1,9 +1,6 @@
 """The train_eval job end to end through main: outputs, folds, SIGKILL + resume, bad input."""
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -12,23 +9,17 @@ import pytest
 from bilinear_ir.config import blocks
 from bilinear_ir.eval import metrics, trec
 from bilinear_ir.export import saved_model
-from conftest import REPO, write_beir
+from conftest import write_beir
 
 
-def _cmd(workdir, beir, bert, cache, *extra):
-  return [sys.executable, "-m", "bilinear_ir.main",
-          "--config=configs/train_eval.py:scorer=lowrank,rank=4,residual=identity",
-          f"--workdir={workdir}", "--config.data.format=beir", f"--config.data.path={beir}",
+CONFIG = "configs/train_eval.py:scorer=lowrank,rank=4,residual=identity"
+
+
+def _flags(beir, bert, cache, *extra):
+  return ["--config.data.format=beir", f"--config.data.path={beir}",
           f"--config.encoder.model={bert}", f"--config.encoder.cache_dir={cache}",
           "--config.encoder.max_length=32", "--config.train.batch_size=8",
           "--config.eval.depth=50", *extra]
-
-
-def _env():
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # one CPU device, as a user runs it
-  env["PYTHONPATH"] = REPO
-  return env
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +27,11 @@ def beir(tmp_path_factory):
   return write_beir(str(tmp_path_factory.mktemp("beir")), num_docs=60, num_queries=48)
 
 
-def test_train_eval_writes_consistent_results(tmp_path, beir, tiny_bert_dir):
+def test_train_eval_writes_consistent_results(tmp_path, beir, tiny_bert_dir, run_main):
   w = tmp_path / "w"
-  proc = subprocess.run(_cmd(w, beir, tiny_bert_dir, tmp_path / "cache",
-                             "--config.train.steps=30", "--config.train.eval_every=10"),
-                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  res = json.loads((w / "results.json").read_text())
+  res = run_main.in_process(CONFIG, w, *_flags(beir, tiny_bert_dir, tmp_path / "cache",
+                                               "--config.train.steps=30",
+                                               "--config.train.eval_every=10"))
   assert res["mode"] == "full" and set(res["metrics"]) == {"ndcg@10", "mrr@10", "map",
                                                            "recall@100"}
   assert [h["step"] for h in res["history"]] == [0, 10, 20, 30]
@@ -60,16 +49,13 @@ def test_train_eval_writes_consistent_results(tmp_path, beir, tiny_bert_dir):
     assert (w / name).exists()
 
 
-def test_folds_report_mean_and_std(tmp_path, tiny_bert_dir):
+def test_folds_report_mean_and_std(tmp_path, tiny_bert_dir, run_main):
   beir = write_beir(str(tmp_path / "one_split"), num_docs=50, num_queries=30, seed=3,
                     splits=("test",))
   w = tmp_path / "w"
-  proc = subprocess.run(_cmd(w, beir, tiny_bert_dir, tmp_path / "cache",
-                             "--config.data.folds=3", "--config.train.steps=10",
-                             "--config.train.eval_every=5"),
-                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  res = json.loads((w / "results.json").read_text())
+  res = run_main.in_process(CONFIG, w, *_flags(beir, tiny_bert_dir, tmp_path / "cache",
+                                               "--config.data.folds=3", "--config.train.steps=10",
+                                               "--config.train.eval_every=5"))
   assert len(res["folds"]) == 3 and sum(f["queries"] for f in res["folds"]) == 30
   for m in res["metrics"]:
     vals = [f["metrics"][m] for f in res["folds"]]
@@ -78,19 +64,17 @@ def test_folds_report_mean_and_std(tmp_path, tiny_bert_dir):
   assert len(trec.read_run(str(w / "run.trec"))) == 30  # every query held out exactly once
 
 
-def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(tmp_path, beir, tiny_bert_dir):
+def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(tmp_path, beir, tiny_bert_dir,
+                                                              run_main):
   extra = ("--config.train.steps=1500", "--config.train.eval_every=250",
            "--config.train.checkpoint_every=50", "--config.train.hard_negatives=0")
   cache = tmp_path / "cache"
   ref = tmp_path / "ref"
-  proc = subprocess.run(_cmd(ref, beir, tiny_bert_dir, cache, *extra), cwd=REPO, env=_env(),
-                        capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  want = run_main(CONFIG, ref, *_flags(beir, tiny_bert_dir, cache, *extra)).results()
 
   w = tmp_path / "w"
   ckpts = w / "checkpoints"
-  p = subprocess.Popen(_cmd(w, beir, tiny_bert_dir, cache, *extra), cwd=REPO, env=_env(),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  p = run_main.popen(CONFIG, w, *_flags(beir, tiny_bert_dir, cache, *extra))
   deadline = time.time() + 300
   while time.time() < deadline and p.poll() is None:
     steps = [int(s) for s in os.listdir(ckpts) if s.isdigit()] if ckpts.exists() else []
@@ -99,38 +83,28 @@ def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(tmp_path, beir, ti
     time.sleep(0.05)
   assert p.poll() is None, "training finished before it could be killed"
   os.kill(p.pid, signal.SIGKILL)
-  p.wait()
+  p.communicate()
   assert not (w / "results.json").exists()
   killed_at = max(int(s) for s in os.listdir(ckpts) if s.isdigit())
   assert 100 <= killed_at < 1500
 
-  proc = subprocess.run(_cmd(w, beir, tiny_bert_dir, cache, *extra), cwd=REPO, env=_env(),
-                        capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  got = json.loads((w / "results.json").read_text())
-  want = json.loads((ref / "results.json").read_text())
+  got = run_main(CONFIG, w, *_flags(beir, tiny_bert_dir, cache, *extra)).results()
   assert got["metrics"] == want["metrics"]
   assert got["history"] == want["history"] and got["best_step"] == want["best_step"]
   assert (w / "run.trec").read_text() == (ref / "run.trec").read_text()
 
 
-def test_unknown_scorer_exits_2_without_results(tmp_path, beir, tiny_bert_dir):
-  w = tmp_path / "w"
-  cmd = _cmd(w, beir, tiny_bert_dir, tmp_path / "cache", "--config.model.scorer=cosine_magic")
-  proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 2
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and "cosine_magic" in lines[0] and "Traceback" not in proc.stderr
-  assert not (w / "results.json").exists()
+def test_unknown_scorer_exits_2_without_results(tmp_path, beir, tiny_bert_dir, run_main):
+  run_main(CONFIG, tmp_path / "w", *_flags(beir, tiny_bert_dir, tmp_path / "cache",
+                                           "--config.model.scorer=cosine_magic")
+           ).one_error_line("cosine_magic")
 
 
-def test_saved_model_reloads_and_scores_like_the_run(tmp_path, beir, tiny_bert_dir):
+def test_saved_model_reloads_and_scores_like_the_run(tmp_path, beir, tiny_bert_dir, run_main):
   from bilinear_ir.data import embeddings, loaders  # pylint: disable=g-import-not-at-top
   w = tmp_path / "w"
-  proc = subprocess.run(_cmd(w, beir, tiny_bert_dir, tmp_path / "cache",
-                             "--config.train.steps=20", "--config.train.eval_every=10"),
-                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  run_main.in_process(CONFIG, w, *_flags(beir, tiny_bert_dir, tmp_path / "cache",
+                                         "--config.train.steps=20", "--config.train.eval_every=10"))
   module, params, meta = saved_model.load_model(str(w / "model"))
   assert meta["scorer"] == "lowrank" and meta["options"]["rank"] == 4 and meta["dim"] == 32
   data = blocks.data_config()

@@ -8,7 +8,6 @@ num_processes=2, process_id=I)`, loads only its half of the docs (`process_rows`
 brute force over all the docs.
 """
 import os
-import socket
 import subprocess
 import sys
 
@@ -43,18 +42,14 @@ def worker(process_id: int, port: int, out: str) -> None:
   jax.distributed.shutdown()
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_equal_one(tmp_path):
+  # Here, not at the top: this file also runs as a worker script, outside pytest.
+  from conftest import free_port  # pylint: disable=g-import-not-at-top
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)   # one CPU device per process
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = REPO
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker", str(i),
                              str(port), str(tmp_path)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

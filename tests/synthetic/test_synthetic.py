@@ -2,9 +2,6 @@
 answers cross-checked by brute force, training, and the job end to end through `main`."""
 import itertools
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -231,18 +228,11 @@ def test_fit_wdp_on_a_fixed_pair_learns_it_and_is_deterministic():
 # -- the job through main --------------------------------------------------------------------------
 
 
-def _main(repo_root, workdir, *flags):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run(
-      [sys.executable, "-m", "bilinear_ir.main",
-       "--config=configs/synthetic_agreement.py:tiny=true", f"--workdir={workdir}", *flags],
-      cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
+TINY = "configs/synthetic_agreement.py:tiny=true"
 
 
-def test_job_end_to_end_writes_results(repo_root, tmp_path):
-  proc = _main(repo_root, tmp_path)
-  assert proc.returncode == 0, proc.stderr
-  results = json.loads((tmp_path / "results.json").read_text())
+def test_job_end_to_end_writes_results(run_main, tmp_path):
+  results = run_main.in_process(TINY, tmp_path)
   rows = results["rows"]
   for name in ["bilinear_rank2_constructed", "bilinear_rank2_constructed_exhaustive",
                "wdp_closed_form", "wdp_trained_512_1ep", "wdp_public_protocol_256_1ep",
@@ -263,9 +253,5 @@ def test_job_end_to_end_writes_results(repo_root, tmp_path):
   assert json.loads((tmp_path / "config.json").read_text())["job"] == "synthetic_agreement"
 
 
-def test_bad_config_exits_2_with_one_line_and_no_results(repo_root, tmp_path):
-  proc = _main(repo_root, tmp_path, "--config.n=1")
-  assert proc.returncode == 2
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and "'n'" in lines[0], proc.stderr
-  assert not (tmp_path / "results.json").exists()
+def test_bad_config_exits_2_with_one_line_and_no_results(run_main, tmp_path):
+  run_main(TINY, tmp_path, "--config.n=1").one_error_line("'n'")

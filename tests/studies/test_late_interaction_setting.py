@@ -1,4 +1,5 @@
-"""The late-interaction protocol (experiment/rerank.py): selection against the untrained ColBERT,
+"""The late-interaction setting (studies/late_interaction/): selection against the untrained
+ColBERT,
 the learning curve's subsets, each test query's own pool re-ranked by the re-ranking code."""
 import ml_collections
 import numpy as np
@@ -8,25 +9,26 @@ from bilinear_ir import scorers
 from bilinear_ir.config import blocks
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import evaluate
-from bilinear_ir.experiment import rerank
+from bilinear_ir.studies.late_interaction import rows as li_rows
+from bilinear_ir.studies.late_interaction import setting as setting_lib
 from conftest import random_prepared
 from conftest import write_beir
 
 
 def _scored(dev, test_mean, per_query):
-  return rerank.Scored(run={}, dev=dev, test={"mean": test_mean, "per_query": per_query})
+  return setting_lib.Scored(run={}, dev=dev, test={"mean": test_mean, "per_query": per_query})
 
 
 @pytest.mark.parametrize("trained_dev,kept", [(0.40, True), (0.55, True), (0.56, False)])
 def test_selection_keeps_the_untrained_colbert_unless_a_trained_step_beats_it(trained_dev, kept):
   colbert = _scored({"ndcg@10": 0.55}, {"ndcg@10": 0.65}, {"q1": {"ndcg@10": 1.0}})
   trained = _scored({"ndcg@10": trained_dev}, {"ndcg@10": 0.70}, {"q1": {"ndcg@10": 0.0}})
-  chosen, is_colbert = rerank.select_over_colbert(trained, colbert, "ndcg@10")
+  chosen, is_colbert = li_rows.select_over_colbert(trained, colbert, "ndcg@10")
   assert is_colbert is kept  # a tie keeps ColBERT: only a trained step that beats it is taken
   assert chosen is (colbert if kept else trained)
   assert chosen.test["mean"]["ndcg@10"] == (0.65 if kept else 0.70)
   # Without a dev split (no dev metric) nothing can beat it: ColBERT.
-  assert rerank.select_over_colbert(_scored({}, {}, {}), colbert, "ndcg@10") == (colbert, True)
+  assert li_rows.select_over_colbert(_scored({}, {}, {}), colbert, "ndcg@10") == (colbert, True)
 
 
 def _splitset(n_train=30):
@@ -39,10 +41,10 @@ def _splitset(n_train=30):
 
 def test_sizes_train_on_the_learning_curves_nested_subsets():
   splitset = _splitset()
-  setting = rerank.Setting(None, splitset, None, {}, {}, {}, ("ndcg@10",))
-  cuts = rerank.curve_settings(setting, (5, 12, 99), seed=3)
+  setting = setting_lib.Setting(None, splitset, None, {}, {}, {}, ("ndcg@10",))
+  cuts = setting_lib.curve_settings(setting, (5, 12, 99), seed=3)
   assert sorted(cuts) == [5, 12, 30]  # 99 > the split: all of it
-  # The learning_curve job's draw (experiment.curve.nested_subsets, the seed's own order).
+  # The learning_curve job's draw (studies.curve_subsets.nested_subsets, the seed's own order).
   order = np.random.default_rng([3, 23]).permutation(30)
   train = sorted(splitset.train.query_ids)
   for n, cut in cuts.items():
@@ -50,10 +52,10 @@ def test_sizes_train_on_the_learning_curves_nested_subsets():
     assert cut.splitset.dev is splitset.dev and cut.splitset.test is splitset.test
     assert set(cut.splitset.train.qrels) == set(cut.splitset.train.query_ids)
   assert set(cuts[5].splitset.train.query_ids) < set(cuts[12].splitset.train.query_ids)
-  assert cuts[5].splitset.train.query_ids != rerank.curve_settings(
+  assert cuts[5].splitset.train.query_ids != setting_lib.curve_settings(
       setting, (5,), seed=4)[5].splitset.train.query_ids
   # No sizes: the whole training split, in its own order.
-  (n, whole), = rerank.curve_settings(setting, (), seed=3).items()
+  (n, whole), = setting_lib.curve_settings(setting, (), seed=3).items()
   assert n == 30 and whole.splitset.train.query_ids == splitset.train.query_ids
 
 
@@ -71,7 +73,7 @@ def test_pool_scores_are_in_pool_order_and_give_the_table_scorers_pool_p_at_1(tm
   assert (pools < 0).any()  # ragged pools: padding to put back in place
   rows = prepared.query_row_index(test.query_ids)
   empty = pipeline.Split("x", [], {})
-  setting = rerank.Setting(prepared, pipeline.SplitSet("m", empty, empty, test), None,
+  setting = setting_lib.Setting(prepared, pipeline.SplitSet("m", empty, empty, test), None,
                            {"test": rows}, {}, {}, ("ndcg@10",), pools)
   module = scorers.build("bilinear", 8)
   params = {"W": rng.normal(size=(8, 8)).astype(np.float32)}
@@ -84,8 +86,8 @@ def test_pool_scores_are_in_pool_order_and_give_the_table_scorers_pool_p_at_1(tm
     np.testing.assert_allclose(got[i][valid], want, rtol=1e-4, atol=1e-4)
     assert np.all(np.isneginf(got[i][~valid]))
   for lam in (1.0, 0.4):  # the same P@1 as the table scorers' own path (pair scores)
-    assert evaluate.pool_p_at_1(prepared, test, pools, lam, "minmax", pool_scores=got) == (
-        evaluate.pool_p_at_1(prepared, test, pools, lam, "minmax", module, params))
+    p_at_1 = evaluate.PoolEvaluator(prepared, test, pools)
+    assert p_at_1(lam, "minmax", pool_scores=got) == p_at_1(lam, "minmax", module, params)
 
 
 def _holm(p):
@@ -105,7 +107,7 @@ def test_rows_are_compared_with_colbert_and_dot_of_their_own_n_holm_per_baseline
                                                ("hybrid (lite + BM25)", 0.4))]
   config = ml_collections.ConfigDict({"seed": 0, "stats": blocks.stats_config()})
   config.stats.resamples = 500
-  rerank.compare_rows(rows, config)
+  li_rows.compare_rows(rows, config)
   at = {(r["row"], r["n_train"]): r for r in rows}
   for base in ("colbert", "dot"):
     family = [r for r in rows if r["row"] != base]
@@ -125,31 +127,25 @@ def test_a_row_s_line_shows_its_own_model_where_dev_kept_colbert():
   kept = {"row": "lite", "n_train": 300, "metrics": {"ndcg@10": 0.4315},
           "dev": {"ndcg@10": 0.4134}, "best_step": 1500, "train_seconds": 12.34,
           "kept_colbert": True, "model_metrics": {"ndcg@10": 0.289}, "model_dev": {"ndcg@10": 0.28}}
-  line = rerank.row_line(kept, "ndcg@10", "ndcg@10")
+  line = li_rows.row_line(kept, "ndcg@10", "ndcg@10")
   assert line.startswith("lite ") and "n=300 test ndcg@10 0.4315 (dev ndcg@10 0.4134)" in line
   assert line.endswith(", best step 1500, train 12.3 s; kept ColBERT, own model: test 0.2890 "
                        "(dev 0.2800)")
   mine = {**kept, "kept_colbert": False}
-  assert rerank.row_line(mine, "ndcg@10", "ndcg@10").endswith(", best step 1500, train 12.3 s")
+  assert li_rows.row_line(mine, "ndcg@10", "ndcg@10").endswith(", best step 1500, train 12.3 s")
   untrained = {"row": "colbert", "n_train": 300, "metrics": {"ndcg@10": 0.4315},
                "dev": {"ndcg@10": 0.4134}, "best_step": None}
-  assert rerank.row_line(untrained, "ndcg@10", "ndcg@10").endswith("(dev ndcg@10 0.4134)")
+  assert li_rows.row_line(untrained, "ndcg@10", "ndcg@10").endswith("(dev ndcg@10 0.4134)")
 
 
 @pytest.fixture(scope="module")
 def setting_and_config(tmp_path_factory, tiny_bert_dir):
   """The late-interaction setting of a random BEIR folder (BM25 top 3 + 4 random docs per
   query, out of 60 docs) and its config."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  from conftest import REPO  # pylint: disable=g-import-not-at-top
+  from conftest import get_config  # pylint: disable=g-import-not-at-top
   from bilinear_ir.experiment import spec as spec_lib  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("setting")
-  spec = importlib.util.spec_from_file_location(
-      "late_interaction_config", os.path.join(REPO, "configs", "late_interaction.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = get_config("late_interaction")
   config.encoder.model, config.encoder.cache_dir = tiny_bert_dir, str(root / "cache")
   config.encoder.max_length, config.encoder.query_max_length = 32, 8
   config.encoder.doc_max_length = 16
@@ -157,7 +153,7 @@ def setting_and_config(tmp_path_factory, tiny_bert_dir):
   config.data.dev_fraction = 0.25
   data = spec_lib.collection_block(config.data, write_beir(str(root / "c"), num_docs=60,
                                                            num_queries=48, seed=4))
-  return rerank.build_setting(config, data), config
+  return setting_lib.build_setting(config, data), config
 
 
 def test_gold_outside_bm25s_top_depth_stays_out_of_the_candidates(setting_and_config):

@@ -65,9 +65,9 @@ def analyze(W: np.ndarray, prepared: pipeline.Prepared, splitset: pipeline.Split
 
   def evaluate(module, params, split):
     rows = prepared.query_row_index(split.query_ids)
-    metrics, _ = evaluate_lib.evaluate_scorer(module, params, emb.queries[rows], emb.docs,
-                                              split.query_ids, doc_ids, split.qrels, mode="full",
-                                              depth=config.eval.depth, measures=measures)
+    metrics, _ = evaluate_lib.RankingEvaluator(split.query_ids, doc_ids, split.qrels, measures,
+                                               "full", config.eval.depth)(
+        module, params, emb.queries[rows], emb.docs)
     return metrics["mean"]
 
   full_module, full_params = scorers.build("bilinear", dim=n), {"W": jnp.asarray(W)}

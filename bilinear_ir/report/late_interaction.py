@@ -1,0 +1,154 @@
+"""The late_interaction job's report: what a reader sees of its results (markdown, findings,
+figures).
+
+The job (`bilinear_ir/jobs/late_interaction.py`) runs and hands its results here.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+from bilinear_ir.experiment import rows as rows_lib
+from bilinear_ir.report import text
+from bilinear_ir.studies.late_interaction import models
+
+
+PAPER_A4 = {"colbert": 0.112, "lite": 0.188}  # frozen encoders, MS MARCO dev MRR@10
+
+
+def plot(results: dict[str, Any]):
+  """Test `results["measure"]` against n (log axis), one line per row but the hybrid: a trained
+  row's own model at its dev-best step (`model_metrics`, also where dev kept ColBERT and the row
+  reports ColBERT's numbers), the untrained rows (dot, ColBERT) dashed."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  measure, sizes = results["measure"], results["sizes"]
+  at = {(r["row"], r["n_train"]): r for r in results["rows"]}
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  for name in dict.fromkeys(r["row"] for r in results["rows"] if r["scorer"] != "hybrid"):
+    pts = [at[name, n] for n in sizes if (name, n) in at]
+    ax.plot([r["n_train"] for r in pts],
+            [r.get("model_metrics", r["metrics"])[measure] for r in pts],
+            "o-" if pts[0].get("trained") else "--", label=name)
+  ax.set_xscale("log")
+  ax.set_xlabel("training queries n")
+  ax.set_ylabel(f"test {measure} (each trained row's own model)")
+  ax.set_title(f"Late interaction on {results['collection']}, frozen token embeddings")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  return fig
+
+
+def markdown(results: dict[str, Any], config) -> str:
+  """The results table (the largest n), the curve over n (with `sizes`), the storage table and
+  what the numbers show."""
+  measures = list(config.eval.measures)
+  cand = results["candidates"]
+  tok = results["tokens"]
+  alpha = config.stats.alpha
+  out = [f"# Late interaction on {results['collection']}: frozen encoder, re-ranking "
+         f"(LITE paper A.4 setting)\n\n",
+         text.prose("late_interaction", "intro", test_queries=results["test_queries"],
+                      bm25_depth=cand["bm25_depth"], random_docs=cand["random_docs"],
+                      seed=config.seed, recall=cand["recall"]["test"],
+                      query_len=tok["query_len"], doc_len=tok["doc_len"],
+                      truncated=tok["doc_tokens_truncated"], dim=tok["dim"],
+                      pooled=tok["pooled_max_length"], dtype=results["storage_dtype"],
+                      docs=config.latency.docs, hardware=results["hardware"]) + "\n"]
+  top = max(results["sizes"])
+  pool = ["p_at_1_pool"] if "p_at_1_pool" in results["rows"][0]["metrics"] else []
+  table = []
+  for r in (r for r in results["rows"] if r["n_train"] == top):
+    trained = "no" if not r.get("trained") else (
+        "yes, kept ColBERT" if r.get("kept_colbert") else "yes")
+    table.append([r["row"] + (f" ({r['model']})" if r["row"] == "table" else ""), trained,
+                  r.get("loss") or "-"]
+                 + [r["metrics"][m] for m in measures + pool]
+                 + [text.fmt_paired(r.get(k), alpha, ci=False) for k in ("vs_colbert", "vs_dot")]
+                 + [f"{r['bytes_per_doc']:,}", f"{r['ms_1q_100d']:.2f}"])
+  for name, t in results["teachers"].items():
+    table.append([f"{name} (reference{', teacher' if name == results['teacher'] else ''})",
+                  "yes" if name != "bm25" else "no", "-"]
+                 + [t["metrics"].get(m) for m in measures + pool] + ["-"] * 4)
+  out.append(f"n = {top} training queries; {results['measure']} vs ColBERT / dot: paired over "
+             f"the test queries, Holm p ({results['holm']}).\n\n")
+  out.append(text.markdown_table(
+      table, ["row", "trained", "loss"] + measures + pool + ["vs ColBERT", "vs dot", "bytes/doc",
+                                                            "ms 1q x 100d"], digits=4))
+  if len(results["sizes"]) > 1:
+    out.append(f"\n## {results['measure']} against n (vs ColBERT, Holm p)\n\n")
+    names = list(dict.fromkeys(r["row"] for r in results["rows"]))
+    at = {(r["row"], r["n_train"]): r for r in results["rows"]}
+    out.append(text.markdown_table(
+        [[name] + [text.fmt(at[name, n]["metrics"][results["measure"]], 4) + (
+            f" ({text.fmt_paired(at[name, n].get('vs_colbert'), alpha, ci=False)})"
+            if at[name, n].get("vs_colbert") else "") if (name, n) in at else "-"
+                   for n in results["sizes"]] for name in names],
+        ["row"] + [f"n = {n}" for n in results["sizes"]]))
+  out.append(f"\n## Bytes per stored document (P = {tok['dim']}, L2 = {tok['doc_len']})\n\n")
+  out.append(text.markdown_table(
+      [[s["dtype"], s["doc_tokens"], s["token_dim"], f"{s['bytes_per_doc']:,}",
+        f"{s['x_de']:.0f}x"] for s in results["storage"]],
+      ["dtype", "doc tokens L2'", "token dim P'", "bytes/doc", "vs DE"]))
+  out.append("\n" + findings(results, config))
+  return "".join(out)
+
+
+def findings(results: dict[str, Any], config) -> str:
+  """What the numbers show, computed from them (the sentences: `templates/late_interaction.md`)."""
+  m = "mrr@10" if "mrr@10" in config.eval.measures else config.eval.measures[0]
+  sel = config.train.select_metric
+  top = [r for r in results["rows"] if r["n_train"] == max(results["sizes"])]
+  rows = {r["row"]: r for r in top}
+  say = functools.partial(text.prose, "late_interaction", m=m)
+  lines = ["## What the numbers show\n\n"]
+  if "dot" in rows:
+    dot = rows["dot"]
+    better = [n for n, r in rows.items() if n != "dot" and r["metrics"][m] > dot["metrics"][m]]
+    lines.append(say("beaten", dot=dot["metrics"][m], n=len(better), others=len(rows) - 1,
+                      names=f" ({', '.join(better)})" if better else ""))
+  col = next((r for r in top if r["scorer"] == "colbert" and not r["trained"]), None)
+  lite = rows.get("lite")
+  if col is not None and lite is not None:  # the trained LITE model itself, kept or not
+    c, t = col["metrics"][m], lite.get("model_metrics", lite["metrics"])[m]
+    lines.append(say("frozen", colbert=c, lite=t, ahead="LITE ahead" if t > c else "ColBERT ahead",
+                      paper_colbert=PAPER_A4["colbert"], paper_lite=PAPER_A4["lite"]))
+  for r in (r for r in top if r.get("teacher")):
+    base = rows.get(r["row"].split(" (")[0])
+    if base is not None:
+      lines.append(say("distilled", row=r["row"], value=r["metrics"][m],
+                        diff=r["metrics"][m] - base["metrics"][m]))
+  if results["teacher"]:
+    scores = ", ".join(f"{k} {v['dev'][sel]:.4f}" for k, v in results["teachers"].items())
+    lines.append(say("teacher", teacher=results["teacher"], sel=sel, scores=scores,
+                      value=results["teachers"][results["teacher"]]["metrics"][m]))
+  hyb = next((r for r in top if r["scorer"] == "hybrid"), None)
+  if hyb is not None:
+    lines.append(say("hybrid", dense=hyb["dense"], lam=hyb["lambda"], hybrid=hyb["metrics"][m],
+                      alone=rows[hyb["dense"]]["metrics"][m],
+                      bm25=results["teachers"]["bm25"]["metrics"][m]))
+  if "table" in rows:
+    tab, tokens = rows["table"], [r for r in top if r["scorer"] in models.TOKEN_SCORERS]
+    best = rows_lib.best_on_dev(tokens, lambda r: r["dev"].get(sel))
+    measure = results["measure"]
+    lines.append(say("moonshot", table=tab["model"], candidates=", ".join(tab["table_dev"]),
+                      measure=measure, table_value=tab["metrics"][measure], row=best["row"],
+                      value=best["metrics"][measure],
+                      paired=text.fmt_paired(best.get("vs_table"), config.stats.alpha),
+                      ratio=best["ms_1q_100d"] / tab["ms_1q_100d"]))
+  trained = [r for r in top if r.get("best_step") is not None and r["row"] != "table"]
+  last = [r["row"] for r in trained if r["best_step"] == config.train.steps]
+  kept = [r["row"] for r in trained if r.get("kept_colbert")]
+  if trained:
+    lines.append(say("last_step", steps=config.train.steps, n=len(last), trained=len(trained),
+                      names=f" ({', '.join(last)}): they may gain from more steps" if last
+                      else ""))
+    lines.append(say("kept", n=len(kept), trained=len(trained), sel=sel,
+                      names=f" ({', '.join(kept)}): they report ColBERT's numbers, "
+                      "`model_metrics` holds each trained model's own" if kept else ""))
+  if "dot" in rows:
+    de_ms, de_b = rows["dot"]["ms_1q_100d"], rows["dot"]["bytes_per_doc"]
+    lines.append("- Cost vs DE (latency x, storage x): " + ", ".join(
+        f"{n} {r['ms_1q_100d'] / de_ms:.1f}x / {r['bytes_per_doc'] / de_b:.0f}x"
+        for n, r in rows.items() if n != "dot") + ".\n")
+  return "".join(lines)
