@@ -77,6 +77,11 @@ def run(config, workdir: str) -> outputs.Report:
     subsets = {s: curve.nested_subsets(train.query_ids, sizes, s) for s in config.seeds}
     bar = progress.bar(len(sizes) * len(config.seeds) * len(specs), f"{collection} / "
                        f"{recipe.name}", unit="model")
+    for n in sizes:  # known before any training: a view of < 2 queries is marked empty
+      unseen_queries[n] = curve.unseen_answer_queries(
+          train, [subsets[s][n] for s in config.seeds], splitset.test)
+      if len(unseen_queries[n]) < 2:
+        bar.write(f"n={n}: {len(unseen_queries[n])} unseen-answer test queries: view empty")
     dot = training.train_and_evaluate(recipe.row({"scorer": "dot"}, recipe.seed), prepared,
                                       splitset, progress=False)
     base = {"collection": collection, "embedding": recipe.name}
@@ -88,8 +93,6 @@ def run(config, workdir: str) -> outputs.Report:
     hybrids[recipe.name] = {"metrics": hyb["mean"], "lambda": lam,
                             "per_query": {q: v[m0] for q, v in hyb["per_query"].items()}}
     for n in sizes:
-      unseen_queries[n] = curve.unseen_answer_queries(
-          train, [subsets[s][n] for s in config.seeds], splitset.test)
       outs: dict[str, list[dict[str, Any]]] = {s["name"]: [] for s in specs}
       outs["learned"], chosen = [], []
       for seed in config.seeds:

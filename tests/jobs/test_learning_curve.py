@@ -259,12 +259,24 @@ def test_crossover_is_the_smallest_n_whose_holm_p_is_below_alpha(curve_run):
   assert res["crossover"][_emb(config)] == significant[0]
 
 
-def test_fewer_than_two_unseen_queries_mark_the_view_empty(tmp_path):
-  """Every test answer is a training answer: at n = 40 no test query is unseen. The job ends in
-  a result whose unseen view is marked empty, with no crossover."""
+def test_fewer_than_two_unseen_queries_mark_the_view_empty(tmp_path, capsys, monkeypatch):
+  """Every test answer is a training answer: at n = 40 no test query is unseen. The job says so
+  before any training, and ends in a result whose unseen view is marked empty, with no
+  crossover."""
   config = _config(*write_planted(str(tmp_path), shared=TEST),
                    args="seeds=0,sizes=8+40,models=wdp")
+  said_before_training = []
+  train_steps = trainer.train_steps
+
+  def first_training(*args, **kwargs):
+    if not said_before_training:
+      said_before_training.append("n=40: 0 unseen-answer test queries: view empty"
+                                  in capsys.readouterr().err)
+    return train_steps(*args, **kwargs)
+
+  monkeypatch.setattr(trainer, "train_steps", first_training)
   res = learning_curve.run(config, str(tmp_path / "w"))
+  assert said_before_training == [True]
   rows = [r for r in res.results["rows"] if r["n_train"] == 40]
   assert res.results["unseen_queries"]["40"] == []
   assert res.results["unseen_queries"]["8"]  # the answers of the 32 others are unseen at n = 8
