@@ -57,6 +57,12 @@ class _Silent(_Lines):
     pass
 
 
+def write(message: str) -> None:
+  """One line on stderr outside any bar (process 0 only)."""
+  if jax.process_index() == 0:
+    print(message, file=sys.stderr, flush=True)
+
+
 def bar(total: int, desc: str, unit: str = "it", initial: int = 0, leave: bool = True,
         enabled: bool = True):
   """A progress bar over `total` units.

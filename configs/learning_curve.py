@@ -22,6 +22,7 @@ from ml_collections import ConfigDict
 
 from bilinear_ir.config import arguments
 from bilinear_ir.config import blocks
+from bilinear_ir.config import tables
 
 
 def get_config(arg=None):
@@ -38,8 +39,13 @@ def get_config(arg=None):
   c.embeddings = a["embeddings"] if not quick else ("mean",)
   c.seeds = a["seeds"] if not quick else (0,)   # each seed: its own subset order and init
   c.sizes = a["sizes"] if not quick else (100, 1000)
-  c.models = a["models"] if not quick else ("wdp", "lowrank")
-  c.ranks = a["ranks"] if not quick else (32,)
+  # The rows of each point (config.tables.curve_table): dot, the trained `models` (lowrank:
+  # residual I + P Q^T at every rank of `ranks`; mol: the `mol` block with `mol_train`'s changes)
+  # and "learned", per seed the one of dot and them best on dev. A new row is one more entry.
+  c.rows = tables.curve_table(a["models"] if not quick else ("wdp", "lowrank"),
+                              a["ranks"] if not quick else (32,))
+  c.runner = ConfigDict({"summary": "queries", "fields": ("dev", "best_steps", "seconds"),
+                         "paired": False})
   # data, encoder, bm25, model, train, hybrid, eval, stats: the bilinear table's recipe.
   blocks.table_recipe(c)
   # Training length per subset: the recipe's `train.epochs` over the subset's judged pairs, at
@@ -53,7 +59,7 @@ def get_config(arg=None):
   if c.collection == "insuranceqa":
     c.train.negatives_from = "dataset"
   c.train.hard_depth = 100
-  # The MoL rows: configs/mol.py's model (P = 4, d_P = 64, L_MI 0.001) and its training changes.
+  # The MoL row: configs/mol.py's model (P = 4, d_P = 64, L_MI 0.001) and its training changes.
   c.mol = blocks.mol_row()
   c.mol_train = blocks.mol_train()
   c.distributed = False

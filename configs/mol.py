@@ -18,6 +18,7 @@ from ml_collections import ConfigDict
 
 from bilinear_ir.config import arguments
 from bilinear_ir.config import blocks
+from bilinear_ir.config import tables
 
 
 def get_config(arg=None):
@@ -30,9 +31,14 @@ def get_config(arg=None):
   c.seed = 0                      # splits (dev carve-out); each model also runs every seed
   c.seeds = a["seeds"] if not a["quick"] else (0,)
   c.embeddings = a["embeddings"] if not a["quick"] else ("mean",)  # embedding_specs
-  c.baselines = tuple(b for b in a["baselines"] if b != "none")  # trained comparison rows
-  c.components = a["components"] if not a["quick"] else (4,)     # P_q = P_x values
-  c.mi_weights = a["mi_weights"]  # alpha of L_MI per MoL row (paper: 0.001; 0 = none)
+  # The rows (config.tables.mol_table): dot, BM25, the trained comparison rows (`baselines`),
+  # MoL for every P_q = P_x of `components` x alpha of L_MI of `mi_weights` (paper: 0.001; 0 =
+  # none), each with `mol_train`'s changes. A new row is one more entry of `c.rows`.
+  c.rows = tables.mol_table(tuple(b for b in a["baselines"] if b != "none"),
+                            a["components"] if not a["quick"] else (4,), a["mi_weights"],
+                            a["d_p"])
+  c.runner = ConfigDict({"summary": "seeds", "paired": False,
+                         "blank": {"p_q": None, "p_x": None, "d_p": None, "mi_weight": None}})
   c.data = t.data                 # the shipped SciFact: train (dev carved out), test
   c.encoder = t.encoder           # all-MiniLM-L6-v2, max_length 256, cached
   c.bm25 = t.bm25                 # BM25 row, hard negatives

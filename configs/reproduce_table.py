@@ -25,6 +25,7 @@ from ml_collections import ConfigDict
 
 from bilinear_ir.config import arguments
 from bilinear_ir.config import blocks
+from bilinear_ir.config import tables
 
 
 def get_config(arg=None):
@@ -44,19 +45,22 @@ def get_config(arg=None):
   c.seed = 0                       # splits (dev carve-out); each model also runs every seed
   c.seeds = a["seeds"] if not a["quick"] else (0,)
   c.embeddings = a["embeddings"]   # "mean" and/or "cls" (embedding_specs.EMBEDDINGS)
-  c.ranks = ranks if not a["quick"] else (2, 32, 128)
-  c.residuals = residuals if not a["quick"] else ("none",)
-  # The rows (`source_rows`, names as the models/ folders) trained again on other pairs:
-  # "ict" (pairs the corpus makes itself, no judgement read) and "both" (judged + ICT pairs).
-  c.sources = sources if not a["quick"] else ()
-  c.source_rows = a["source_rows"]
+  # The rows (config.tables.bilinear_table): dot, BM25, WDP, P Q^T at every residual x rank, full
+  # bilinear, the MoL row (configs/mol.py's model, with `mol_train`'s changes), the rows of
+  # `source_rows` (names as the models/ folders) trained again on other pairs, "ict" (pairs the
+  # corpus makes itself, no judgement read) and "both" (judged + ICT pairs), and the hybrid of
+  # the judged-pair row best on dev with BM25. A new row is one more entry of `c.rows`.
+  c.rows = tables.bilinear_table(
+      ranks if not a["quick"] else (2, 32, 128), residuals if not a["quick"] else ("none",),
+      blocks.mol_row().to_dict() if arguments.optional_bool(a["mol"], "mol", iqa) else None,
+      sources if not a["quick"] else (), a["source_rows"])
+  c.runner = ConfigDict({"summary": "seeds", "blank": {"rank": None, "residual": None},
+                         "pool_p_at_1": True, "paired": True, "cell": ("embedding",),
+                         "name": "scorer"})
   # data, encoder, bm25, model, train (+ per-embedding train_overrides), hybrid, eval: the
   # table's recipe (see blocks.table_recipe for each block's role).
   blocks.table_recipe(c)
-  # The MoL row (configs/mol.py's model and its training changes), after full bilinear.
-  c.mol = arguments.optional_bool(a["mol"], "mol", iqa)
-  c.mol_row = blocks.mol_row()
-  c.mol_train = blocks.mol_train()
+  c.mol_train = blocks.mol_train()  # the MoL row's changes to `train`
   if iqa:  # the question's listed negatives; a run capped at max_steps (evaluated 10 times)
     c.train.negatives_from = "dataset"
     c.train.steps = a["max_steps"]

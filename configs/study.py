@@ -17,6 +17,7 @@ from ml_collections import ConfigDict
 
 from bilinear_ir.config import arguments
 from bilinear_ir.config import blocks
+from bilinear_ir.config import tables
 
 
 def get_config(arg=None):
@@ -32,12 +33,15 @@ def get_config(arg=None):
   c.embeddings = a["embeddings"] if not a["quick"] else ("mean",)
   c.seeds = a["seeds"] if not a["quick"] else (0,)
   c.folds = a["folds"] if not a["quick"] else 3  # K-fold CV of collections with no train split
-  c.ranks = a["ranks"]              # residual I + P Q^T rows (lowrank_r{r})
-  c.models = a["models"]            # trained rows; "learned" = the dev-selected one of them
-  # Rows (names of the trained rows) also trained on pairs the corpus makes itself (inverse
-  # cloze): rows "<name>_ict", evaluated on every query, no folds (no query is trained on);
-  # blended with dot by the label-free guard train.ict.guard ("bm25"; "none" turns it off).
-  c.ict_rows = a["ict_rows"] if not a["quick"] else ()
+  # The rows (config.tables.study_table): dot, BM25, the trained `models` (lowrank: residual
+  # I + P Q^T at every rank of `ranks`), "learned" (per seed and fold, the one of them best on
+  # dev), its hybrid with BM25, and the rows of `ict_rows` also trained on pairs the corpus makes
+  # itself (inverse cloze): rows "<name>_ict", evaluated on every query, no folds (no query is
+  # trained on); blended with dot by the label-free guard train.ict.guard ("bm25"; "none" turns
+  # it off). A new row is one more entry of `c.rows`.
+  c.rows = tables.study_table(a["models"], a["ranks"], a["ict_rows"] if not a["quick"] else ())
+  c.runner = ConfigDict({"summary": "queries", "fields": ("n_queries",), "paired": True,
+                         "cell": ("collection", "embedding"), "name": "model"})
   # data, encoder, bm25, model, train (+ per-embedding train_overrides), hybrid, eval: the
   # bilinear table's recipe (blocks.table_recipe). With only ~30-50 judged queries, a fifth of
   # each training fold is held out as dev (0.1 would leave 3-4 queries to select on).

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from bilinear_ir.eval import stats
 
 
@@ -99,3 +101,31 @@ def tally(rows: list[dict[str, Any]], alpha: float) -> dict[str, dict[str, int]]
     counts = out.setdefault(r["model"], {"better": 0, "tied": 0, "worse": 0})
     counts[{stats.GAIN: "better", stats.LOSS: "worse"}.get(mark, "tied")] += 1
   return out
+
+
+def curve(rows: list[dict[str, Any]], unseen: dict[int, list[str]], config) -> None:
+  """A learning curve's comparisons: `row["vs_dot"]` and `row["unseen"]` ({"n_queries", "mean",
+  "vs_dot"}; "empty": True and no "vs_dot" with fewer than 2 of the queries `unseen[n]`) for
+  every row but dot's, against dot at the same `n_train`; Holm over the curve of each
+  (embedding, model, view)."""
+  dots = {(r["embedding"], r["n_train"]): r for r in rows if r["model"] == "dot"}
+  groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+  for r in rows:
+    sub = unseen[r["n_train"]]
+    r["unseen"] = {"n_queries": len(sub),
+                   "mean": float(np.mean([r["per_query"][q] for q in sub])) if sub else None}
+    if len(sub) < 2:  # the view is empty: no paired test, no crossover at this n
+      r["unseen"]["empty"] = True
+    if r["model"] != "dot":
+      groups.setdefault((r["embedding"], r["model"]), []).append(r)
+  for members in groups.values():
+    base = [dots[r["embedding"], r["n_train"]] for r in members]
+    k = len(members)
+    paired = lambda i: i + k if i < k else None
+    add_paired(members + base, [r["per_query"] for r in members + base], paired,
+                       "vs_dot", config)
+    holders = [r["unseen"] for r in members] + [{} for _ in base]
+    subsets = [{q: r["per_query"][q] for q in unseen[r["n_train"]]} for r in members + base]
+    add_paired(holders, subsets,
+                       lambda i: paired(i) if i < k and len(subsets[i]) >= 2 else None,
+                       "vs_dot", config)

@@ -1,17 +1,16 @@
-"""The rows of a table: baselines, a spec over seeds, the dev-selected learned row, the hybrid.
-
-A table compares, per embedding, the untrained dot product and BM25 (`baselines`) with trained
-rows, each run over every seed (`seed_runs`) and summarised (`summary`: mean and sample std over
-seeds, the dev metric, the mean over the unseen-doc test queries, `unseen_doc_queries`). The
-learned row is the one best on dev (`best_on_dev`); its hybrid with BM25 is
-`evaluate.HybridEvaluator`'s.
+"""What the rows of a table are made of: a spec trained over seeds (`seed_runs`), means over
+seeds and queries (`aggregate`, `seed_mean`, `query_means`, `dev_mean`), dev selection
+(`best_on_dev`), the unseen-doc test queries (`unseen_doc_queries`, `unseen_mean`) and P@1 over
+each query's own pool (`pool_p_at_1`). `experiment.table` runs a table's rows with them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import time
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from bilinear_ir.config import tables
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import spec as spec_lib
@@ -74,69 +73,27 @@ def best_on_dev(items: Sequence[Any], dev_of: Callable[[Any], float | None]) -> 
   return max(items, key=dev_of)
 
 
-def baselines(recipe: spec_lib.Recipe, prepared: pipeline.Prepared,
-              splitsets: Sequence[pipeline.SplitSet], measures: Sequence[str]
-              ) -> tuple[dict[str, Any], dict[str, Any], dict]:
-  """The untrained dot product (`recipe.row({"scorer": "dot"}, recipe.seed)`, through
-  `training.train_and_evaluate` on each split set) and BM25, on every test query.
-
-  Returns:
-    (dot: `train_and_evaluate` of the first split set with "per_query" over every split set's
-     test queries, BM25 metrics {"mean", "per_query"}, BM25 run).
-  """
-  dot, per_query = None, {}
-  for s in splitsets:
-    out = training.train_and_evaluate(recipe.row({"scorer": "dot"}, recipe.seed), prepared, s,
-                                      progress=False)
-    dot = dot or out
-    per_query.update(out["per_query"])
-  qids = sorted(q for s in splitsets for q in s.test.query_ids)
-  qrels = {q: s.test.qrels[q] for s in splitsets for q in s.test.query_ids}
-  rows = prepared.query_row_index(qids)
-  bm25, run = evaluate.evaluate_run(qids, prepared.collection.doc_ids, prepared.bm25_idx[rows],
-                                    prepared.bm25_scores[rows], qrels, measures)
-  return {**dot, "per_query": per_query}, bm25, run
-
-
-def baseline_rows(dot: dict[str, Any], bm25: dict[str, Any], unseen: list[str],
-                  measures: Sequence[str]) -> list[dict[str, Any]]:
-  """The rows of `baselines`' dot and BM25 (one run each: std 0; BM25 ranks the full corpus)."""
-  zero = {m: 0.0 for m in measures}
-  return [{"scorer": "dot", "metrics": dot["metrics"], "std": zero, "dev": dot["dev"],
-           "seeds": 1, "unseen_docs": unseen_mean([dot], unseen, measures[0])},
-          {"scorer": "bm25", "mode": "full", "metrics": bm25["mean"], "std": zero, "seeds": 1,
-           "unseen_docs": unseen_mean([bm25], unseen, measures[0])}]
-
-
-def seed_runs(recipe: spec_lib.Recipe, spec: dict[str, Any], seeds: Sequence[int],
+def seed_runs(recipe: spec_lib.Recipe, spec: Mapping[str, Any], seeds: Sequence[int],
               prepared: pipeline.Prepared, splitset: pipeline.SplitSet,
-              train: dict[str, Any] | None = None,
+              train: Mapping[str, Any] | None = None,
               each: Callable[[int, dict[str, Any]], None] | None = None,
-              workdir: str | None = None) -> list[dict[str, Any]]:
+              workdir: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
   """`training.train_and_evaluate` of row `spec` (`Recipe.row`, with the `train` changes) at
-  every seed; `each(seed, out)` after each. With a `workdir`, each run checkpoints in its own
-  folder (`training.run_dir`), so a killed job's rerun resumes it."""
+  every seed, each out with its "seconds"; `each(seed, out)` after each. With a `workdir`, each
+  run checkpoints in its own folder (`training.run_dir`: "<embedding>-<name>-seed<seed>", name
+  default `tables.row_slug(spec)`), so a killed job's rerun resumes it."""
   outs = []
   for seed in seeds:
     row = recipe.row(spec, seed, train)
     folder = training.run_dir(workdir, row, prepared, splitset,
-                              f"{recipe.name or 'run'}-{spec_lib.row_slug(spec)}-seed{seed}")
+                              f"{recipe.name or 'run'}-{name or tables.row_slug(spec)}-seed{seed}")
+    started = time.perf_counter()
     out = training.train_and_evaluate(row, prepared, splitset, workdir=folder, progress=False)
+    out["seconds"] = time.perf_counter() - started
     outs.append(out)
     if each is not None:
       each(seed, out)
   return outs
-
-
-def summary(outs: list[dict[str, Any]], measures: Sequence[str], sel: str, unseen: list[str]
-            ) -> dict[str, Any]:
-  """A row over seeds: test metrics (mean, sample std), dev `sel` (mean; None without dev),
-  seeds, best steps, and the first measure on the unseen-doc queries (mean over seeds)."""
-  mean, std = aggregate([o["metrics"] for o in outs], measures)
-  m0 = measures[0]
-  return {"metrics": mean, "std": std, "dev": {sel: dev_mean(outs, sel)}, "seeds": len(outs),
-          "best_steps": [o["best_step"] for o in outs],
-          "unseen_docs": unseen_mean(outs, unseen, m0)}
 
 
 def unseen_mean(outs: list[dict[str, Any]], unseen: list[str], measure: str) -> dict[str, float]:

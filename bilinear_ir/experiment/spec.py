@@ -92,66 +92,6 @@ def model_block(model: ml_collections.ConfigDict, spec: Mapping[str, Any]
   return _changed(model, {k: v for k, v in spec.items() if k not in _NOT_MODEL and v is not None})
 
 
-def model_specs(models: Sequence[str], ranks: Sequence[int],
-                mol: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-  """The trained models a config's `models` names, in its order: [{"name", "scorer", ...model
-  options}] for `Recipe.row`. "lowrank" is the residual I + P Q^T at every rank of `ranks`
-  ("lowrank_r{r}"), "mol" the options `mol` (e.g. `config.mol`), any other name its own scorer."""
-  out = []
-  for name in models:
-    if name == "lowrank":
-      out += [{"name": f"lowrank_r{r}", "scorer": "lowrank", "rank": int(r),
-               "residual": "identity"} for r in ranks]
-    elif name == "mol":
-      out.append({"name": "mol", **dict(mol or {})})
-    else:
-      out.append({"name": name, "scorer": name})
-  return out
-
-
-def table_grid(config) -> list[dict[str, Any]]:
-  """The bilinear table's trained rows (configs/reproduce_table.py's `residuals`, `ranks`, `mol`,
-  `mol_row`, `sources`, `source_rows`): [{"scorer", "rank", "residual", "source"}] in table
-  order: every row on the judged pairs ("qrels"), then the rows of `config.source_rows` again
-  for each source of `config.sources` (pairs the corpus makes itself, "ict", or both)."""
-  grid = [{"scorer": "wdp", "rank": None, "residual": None}]
-  for residual in config.residuals:
-    for r in config.ranks:
-      grid.append({"scorer": "lowrank", "rank": int(r), "residual": residual})
-  grid.append({"scorer": "bilinear", "rank": None, "residual": None})
-  if config.mol:
-    grid.append({**dict(config.mol_row), "rank": None, "residual": None})
-  grid = [{**spec, "source": "qrels"} for spec in grid]
-  for source in config.sources:
-    grid += [{**spec, "source": source} for spec in grid[:len(grid)]
-             if spec["source"] == "qrels" and row_slug(spec) in config.source_rows]
-  return grid
-
-
-def row_slug(spec: dict[str, Any]) -> str:
-  """A folder name for a row: wdp, bilinear, lowrank_r32, lowrank_r32_identity (+ _ict,
-  _both for the other training sources)."""
-  name = spec["scorer"] if spec["scorer"] != "lowrank" else (
-      f"lowrank_r{spec['rank']}" + ("" if spec["residual"] == "none" else
-                                    f"_{spec['residual']}"))
-  return name + ("" if spec.get("source", "qrels") == "qrels" else f"_{spec['source']}")
-
-
-SOURCE_LABELS = {"qrels": "", "ict": ", ICT pairs", "both": ", qrels + ICT pairs"}
-
-
-def row_label(spec: dict[str, Any]) -> str:
-  """A table row's name: "wdp", "lowrank r=32 (identity + PQ^T)", "MoL (P = 4)", ... (+ its
-  training source)."""
-  name = spec["scorer"]
-  if spec["scorer"] == "lowrank":
-    name = f"lowrank r={spec['rank']}" + ("" if spec["residual"] == "none" else
-                                         f" ({spec['residual']} + PQ^T)")
-  elif spec["scorer"] == "mol":
-    name = f"MoL (P = {spec['p_q']})"
-  return name + SOURCE_LABELS[spec.get("source", "qrels")]
-
-
 def _changed(block: ml_collections.ConfigDict, changes: Mapping[str, Any]
              ) -> ml_collections.ConfigDict:
   """A copy of a config block with `changes` set."""

@@ -17,6 +17,7 @@ import jax
 
 from bilinear_ir import scorers
 from bilinear_ir.config import embedding_specs
+from bilinear_ir.config import tables
 from bilinear_ir.data import bm25
 from bilinear_ir.data import embeddings
 from bilinear_ir.data import ict
@@ -29,6 +30,8 @@ from bilinear_ir.errors import missing_extra
 from bilinear_ir.errors import require
 from bilinear_ir.eval import metrics
 from bilinear_ir.experiment import evaluate
+from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import table as table_lib
 from bilinear_ir.retrieval import hybrid
 from bilinear_ir.train import trainer
 
@@ -272,3 +275,36 @@ def check_table(config, *, hybrid_block: bool = True) -> None:
     check_hybrid(config.hybrid)
   if "stats" in config:
     check_stats(config.stats)
+
+
+def check_rows(config, scorers: Sequence[str] | None = None) -> None:
+  """A table's `rows` (`config.tables`) and `runner` block: known types, unique names, trained
+  rows whose model builds (`check_model`; its scorer one of `scorers` when given) and whose train
+  changes are valid, dev_best and hybrid rows naming earlier rows."""
+  require(len(config.rows) > 0, "a table needs at least one row", field="rows")
+  one_of(config.runner.summary, ("seeds", "queries"), "runner.summary")
+  names: list[str] = []
+  for i, spec in enumerate(config.rows):
+    f = lambda key, i=i: f"rows[{i}].{key}"
+    one_of(spec.get("type"), tables.TYPES, f("type"))
+    require(spec.get("name") and spec["name"] not in names,
+            f"needs a name no earlier row has, got {spec.get('name')!r}", field=f("name"))
+    if spec["type"] == "trained":
+      model = table_lib.model_of(config, spec)
+      if scorers is not None:
+        one_of(model.get("scorer"), tuple(scorers), f("model.scorer"))
+      check_model(spec_lib.model_block(config.model, model), f("model"))
+      one_of(spec.get("split", "folds"), ("folds", "ict"), f("split"))
+      row = spec_lib.Recipe.of(config, "").row(model, 0, table_lib.train_of(config, spec))
+      check_train(row.train, f("train"))
+      if row.train.get("source", "qrels") != "qrels":
+        require(config.encoder.kind == "flax", "ICT pairs are new texts: a row trained on them "
+                "needs encoder.kind 'flax'", field=f("model.source"))
+    elif spec["type"] == "dev_best":
+      one_of(spec.get("per"), ("run", "row"), f("per"))
+      require(len(spec.get("over", ())) > 0, "must name the rows it selects among", field=f("over"))
+      for name in spec["over"]:
+        one_of(name, names, f("over"))
+    elif spec["type"] == "hybrid":
+      one_of(spec.get("partner"), names, f("partner"))
+    names.append(spec["name"])

@@ -4,7 +4,8 @@ embeddings x models, with paired statistics over queries and every choice made o
 For each collection (the embedded SciFact with its own train / test split, or a test-only
 collection such as CACM, MED, LISA or any BEIR folder / zip, cross-validated over its queries
 with a dev part carved out of each training fold) and each embedding
-(`config.embedding_specs.embedding_spec`):
+(`config.embedding_specs.embedding_spec`), the rows of `config.rows`
+(`config.tables.study_table`), run by the table runner (`experiment.table`):
 
   dot       the untrained dot product of the frozen embeddings (the baseline of every test);
   bm25      BM25 (one fit per collection);
@@ -14,7 +15,7 @@ with a dev part carved out of each training fold) and each embedding
   learned   per fold and seed, the one of those the dev metric picks (the "dev-selected learned
             similarity");
   hybrid    `lam * learned + (1 - lam) * BM25`, lam tuned on dev;
-  <row>_ict the rows of `config.ict_rows` trained on pairs the corpus makes itself (inverse
+  <row>_ict the rows of the `ict_rows` argument trained on pairs the corpus makes itself (inverse
             cloze, `data.ict`; no judgement read, selected on held-out ICT pairs, then blended
             with dot by the label-free guard `train.ict.guard`, its weight per seed in
             `ict_lam`), evaluated on every query of the test split without folds.
@@ -29,18 +30,17 @@ their differences are tested per collection and pooled over collections.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import ml_collections
 import numpy as np
 
-from bilinear_ir import progress
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import compare
-from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import table as table_lib
 from bilinear_ir.experiment import validation
 from bilinear_ir.report import study as report
 from bilinear_ir.report import outputs
@@ -56,93 +56,26 @@ def validate(config: ml_collections.ConfigDict) -> None:
     validation.check_collection(entry, "collections")
   validation.check_table(config)
   validation.integer(config.folds, "folds", 2)
-  validation.integers(config.ranks, "ranks", low=1)
-  require(len(config.models) > 0, "must name at least one trained model", field="models")
-  for name in config.models:
-    validation.one_of(name, ("wdp", "bilinear", "lowrank"), "models")
-  for sp in spec_lib.model_specs(config.models, config.ranks):
-    validation.check_model(spec_lib.model_block(config.model, sp))
-  names = [sp["name"] for sp in spec_lib.model_specs(config.models, config.ranks)]
-  for name in config.ict_rows:
-    validation.one_of(name, names, "ict_rows")
-  if config.ict_rows:
-    require(config.encoder.kind == "flax", "ICT pairs are new texts: ict_rows need "
-            "encoder.kind 'flax'", field="ict_rows")
+  validation.check_rows(config, ("wdp", "bilinear", "lowrank"))
 
 
-def run_collection(config, entry: str, workdir: str | None = None
-                   ) -> tuple[list[dict[str, Any]], list[str], str]:
-  """Every row of one collection: (rows, unseen-doc query ids, collection name); with a
-  `workdir`, each training run checkpoints in its own folder (`rows.seed_runs`)."""
-  measures = list(config.eval.measures)
-  m0, sel = measures[0], config.train.select_metric
-  specs = spec_lib.model_specs(config.models, config.ranks)
-  ict_specs = [sp for sp in specs if sp["name"] in config.ict_rows]
-  rows, unseen = [], None
+def cells(config, entry: str) -> Iterator[table_lib.Cell]:
+  """The cells of one collection (`entry`): one per embedding, over its split sets (the
+  collection's own split, or `config.folds` folds of a test-only one) and, for the rows trained on
+  pairs the corpus makes itself, every query of its test split without folds."""
   for recipe, prepared, splitsets in spec_lib.embeddings_of(
       config, spec_lib.collection_block(config.data, entry), int(config.folds)):
-    coll = prepared.collection
-    if unseen is None:
-      unseen = rows_lib.unseen_doc_queries(splitsets)
-    bar = progress.bar(len(config.seeds) * (len(splitsets) * len(specs) + len(ict_specs)),
-                       f"{coll.name} / {recipe.name}", unit="model")
-    # per model name -> per seed -> {qid: {measure: v}} over every split's test queries
-    dot, bm25, _ = rows_lib.baselines(recipe, prepared, splitsets, measures)
-    per_query: dict[str, list[dict]] = {"dot": [dot["per_query"]], "bm25": [bm25["per_query"]]}
-    for name in [sp["name"] for sp in specs] + ["learned", "hybrid"]:
-      per_query.setdefault(name, [])
-    chosen, ict_lam = [], {}
-    # Rows trained on pairs the corpus makes itself: no query is trained on, so no folds are
-    # needed; every query of the test split (all of a test-only collection) is evaluated.
     ict_split = (splitsets[0] if len(splitsets) == 1
-                 else pipeline.test_only(coll, recipe.data)[0])
-    for sp in ict_specs:
-      outs = rows_lib.seed_runs(recipe, {**sp, "source": "ict"}, config.seeds, prepared,
-                                ict_split, each=lambda *_: bar.update(1), workdir=workdir)
-      per_query[f"{sp['name']}_ict"] = [o["per_query"] for o in outs]
-      ict_lam[f"{sp['name']}_ict"] = [(o.get("ict_guard") or {}).get("lam") for o in outs]
-    for seed in config.seeds:
-      seed_q = {sp["name"]: {} for sp in specs}
-      learned_q, hybrid_q = {}, {}
-      for s in splitsets:
-        fold = []
-        for sp in specs:
-          out = rows_lib.seed_runs(recipe, sp, [seed], prepared, s, workdir=workdir)[0]
-          seed_q[sp["name"]].update(out["per_query"])
-          fold.append((sp, out))
-          bar.update(1)
-        sp, out = rows_lib.best_on_dev(fold, lambda t: t[1]["dev"].get(sel))
-        chosen.append(sp["name"] if out["best_step"] else f"{sp['name']}@step0")
-        learned_q.update(out["per_query"])
-        _, res = evaluate.HybridEvaluator(s.dev, prepared.collection.doc_ids, config.hybrid,
-                                          measures)(
-            evaluate.full_corpus(out["module"], out["params"], prepared, config.hybrid.depth),
-            {"test": s.test})
-        hybrid_q.update(res["test"][0]["per_query"])
-      for name, q in seed_q.items():
-        per_query[name].append(q)
-      per_query["learned"].append(learned_q)
-      per_query["hybrid"].append(hybrid_q)
-    bar.close()
-
-    for name, outs in per_query.items():
-      row = {"collection": coll.name, "embedding": recipe.name, "model": name,
-             "metrics": rows_lib.query_means(outs, measures), "n_queries": len(outs[0]),
-             "seeds": len(outs), "per_query": rows_lib.seed_mean(outs, m0),
-             "folds": len(splitsets) if len(splitsets) > 1 else 0}
-      if name == "learned":
-        row["chosen"] = chosen
-      if name in ict_lam:
-        row["ict_lam"] = ict_lam[name]
-      rows.append(row)
-  return rows, unseen, prepared.collection.name
+                 else pipeline.test_only(prepared.collection, recipe.data)[0])
+    yield table_lib.Cell(recipe, prepared, splitsets,
+                         {"collection": prepared.collection.name, "embedding": recipe.name,
+                          "folds": len(splitsets) if len(splitsets) > 1 else 0},
+                         ict_split=ict_split)
 
 
-def _compare_cells(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> None:
-  """Adds `vs_dot` / `vs_bm25` and `unseen_doc` (its mean and `vs_dot`) paired statistics to
-  every row; each kind of comparison is one Holm family over the study."""
+def _compare_unseen(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> None:
+  """Adds `unseen_doc` (its mean and `vs_dot`) to every row: one Holm family over the study."""
   cell = ("collection", "embedding")
-  compare.against_baselines(rows, [r["per_query"] for r in rows], cell, config, name="model")
   subsets = [{q: r["per_query"][q] for q in unseen[r["collection"]]} for r in rows]
   holders = [{"n_queries": len(sub), "mean": float(np.mean(list(sub.values()))) if sub else None}
              for sub in subsets]
@@ -154,15 +87,24 @@ def _compare_cells(rows: list[dict[str, Any]], unseen: dict[str, list[str]], con
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
-  """The `study` job (configs/study.py)."""
-  rows, unseen, names = [], {}, []
-  for entry in config.collections:
-    coll_rows, coll_unseen, name = run_collection(config, entry, workdir)
-    require(name not in names, f"two collections are named {name!r}", field="collections")
-    names.append(name)
-    rows += coll_rows
-    unseen[name] = coll_unseen
-  _compare_cells(rows, unseen, config)
+  """The `study` job (configs/study.py): the table runner's rows in every cell, then the
+  unseen-doc views."""
+  names = []
+
+  def every_cell():
+    for entry in config.collections:
+      for cell in cells(config, entry):
+        if cell.recipe.name == config.embeddings[0]:
+          name = cell.fields["collection"]
+          require(name not in names, f"two collections are named {name!r}", field="collections")
+          names.append(name)
+        yield cell
+
+  table = table_lib.run(config, every_cell(), workdir)
+  unseen = {c.fields["collection"]: rows_lib.unseen_doc_queries(c.splitsets)
+            for c in table.cells}
+  rows = table.rows
+  _compare_unseen(rows, unseen, config)
   pooled = compare.pooled(rows, unseen, config)
   summary = compare.tally(rows, config.stats.alpha)
   results = {"rows": rows, "unseen_doc": unseen, "pooled_unseen_doc": pooled,

@@ -66,7 +66,7 @@ def findings(rows: list[dict[str, Any]], retrieval: list[dict[str, Any]], config
   for emb in config.embeddings:
     mine = [r for r in rows if r["embedding"] == emb]
     dot = next(r for r in mine if r["scorer"] == "dot")
-    learned = [r for r in mine if r["scorer"] in tuple(config.baselines)]
+    learned = [r for r in mine if r["scorer"] not in ("dot", "bm25", "mol")]
     mols = [r for r in mine if r["scorer"] == "mol"]
     sel = config.train.select_metric
     best = rows_lib.best_on_dev(mols, lambda r: r["dev"][sel])

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 from bilinear_ir.config import embedding_specs
+from bilinear_ir.config import tables
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import rows as rows_lib
-from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.report import text
 
 
@@ -19,7 +19,7 @@ def _row_name(row: dict[str, Any]) -> str:
     return f"hybrid ({row['dense']} + BM25)"
   if row["scorer"] in ("dot", "bm25"):
     return {"dot": "dot (untrained)", "bm25": "BM25"}[row["scorer"]]
-  return spec_lib.row_label(row)
+  return tables.row_label(row)
 
 
 def markdown(rows: list[dict[str, Any]], config, unseen_counts: dict[str, int],
@@ -81,8 +81,9 @@ def findings(rows: list[dict[str, Any]], config, collection: str = "SciFact") ->
     mine = [r for r in every if r.get("source", "qrels") == "qrels"]
     by = {(r["scorer"], r["rank"], r["residual"]): r for r in mine}
     dot, bm25 = by[("dot", None, None)], by[("bm25", None, None)]
-    pure = [(r, by[("lowrank", r, "none")]) for r in config.ranks if ("lowrank", r, "none") in by]
-    resid = [(r, by[("lowrank", r, "identity")]) for r in config.ranks
+    ranks = sorted({r["rank"] for r in mine if r["scorer"] == "lowrank"})
+    pure = [(r, by[("lowrank", r, "none")]) for r in ranks if ("lowrank", r, "none") in by]
+    resid = [(r, by[("lowrank", r, "identity")]) for r in ranks
              if ("lowrank", r, "identity") in by]
     rising = all(val(b) >= val(a) - 1e-9 for (_, a), (_, b) in zip(pure, pure[1:]))
     learned = rows_lib.best_on_dev([r for r in mine if r["scorer"] in ("wdp", "lowrank",

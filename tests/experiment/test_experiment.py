@@ -53,15 +53,16 @@ def test_best_on_dev_is_the_first_best_and_the_first_without_dev():
   assert rows_lib.best_on_dev([("a", None), ("b", 0.9)], lambda t: t[1])[0] == "a"
 
 
-def test_summary_over_seeds_is_mean_sample_std_and_unseen_subset_mean():
+def test_means_over_seeds_are_mean_sample_std_and_unseen_subset_mean():
   outs = [{"metrics": {"m": v}, "dev": {"s": d}, "best_step": b,
            "per_query": {"q1": {"m": v}, "q2": {"m": 2 * v}}}
           for v, d, b in ((0.2, 0.1, 4), (0.4, 0.3, 8))]
-  row = rows_lib.summary(outs, ["m"], "s", ["q2"])
-  assert row["metrics"]["m"] == pytest.approx(0.3)
-  assert row["std"]["m"] == pytest.approx(np.std([0.2, 0.4], ddof=1))
-  assert row["dev"] == {"s": pytest.approx(0.2)} and row["best_steps"] == [4, 8]
-  assert row["unseen_docs"]["m"] == pytest.approx(np.mean([0.4, 0.8]))
+  mean, std = rows_lib.aggregate([o["metrics"] for o in outs], ["m"])
+  assert mean["m"] == pytest.approx(0.3)
+  assert std["m"] == pytest.approx(np.std([0.2, 0.4], ddof=1))
+  assert rows_lib.aggregate([outs[0]["metrics"]], ["m"])[1] == {"m": 0.0}
+  assert rows_lib.dev_mean(outs, "s") == pytest.approx(0.2)
+  assert rows_lib.unseen_mean(outs, ["q2"], "m")["m"] == pytest.approx(np.mean([0.4, 0.8]))
   assert rows_lib.dev_mean([{"dev": {}}], "s") is None
   means = rows_lib.query_means([o["per_query"] for o in outs], ["m"])
   assert means["m"] == pytest.approx(np.mean([0.3, 0.6]))

@@ -60,10 +60,8 @@ def test_schedule_caps_steps_and_spreads_evaluations():
   config.train.batch_size, config.train.epochs = 8, 2
   config.max_steps, config.evals = 50, 5
   # 2 epochs of ceil(20 / 8) batches of 8 pairs
-  assert learning_curve.schedule(config, config.train, 20, False) == {"steps": 6,
-                                                                      "eval_every": 1}
-  s = learning_curve.schedule(config, config.train, 10_000, True)
-  assert s["steps"] == 50 and s["eval_every"] == 10 and s["temperature"] == 0.05
+  assert learning_curve.schedule(config, config.train, 20) == {"steps": 6, "eval_every": 1}
+  assert learning_curve.schedule(config, config.train, 10_000) == {"steps": 50, "eval_every": 10}
 
 
 # The planted collection: DIM-wide embeddings where a query is its gold doc mapped by a planted
@@ -337,9 +335,8 @@ def test_bad_arguments_are_refused(tmp_path):
   with pytest.raises(InputError, match="collection"):
     learning_curve.validate(config)
   folder = write_beir(str(tmp_path / "c"), num_docs=10, num_queries=6)
-  config = _config(folder, tmp_path)
-  config.models = ("wdp", "colbert")
-  with pytest.raises(InputError, match="models"):
+  config = _config(folder, tmp_path, args="seeds=0,sizes=8,models=wdp+colbert")
+  with pytest.raises(InputError, match=r"rows\[2\]\.model\.scorer"):
     learning_curve.validate(config)
   config = _config(folder, tmp_path)
   config.sizes = (0, 10)

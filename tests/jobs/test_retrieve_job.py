@@ -16,6 +16,7 @@ from bilinear_ir import main
 from bilinear_ir.errors import InputError
 from bilinear_ir.eval import trec
 from bilinear_ir.retrieval import index as index_lib
+from bilinear_ir.export import saved_model
 from bilinear_ir.jobs import retrieve as job
 from bilinear_ir.retrieval import serving
 from bilinear_ir.retrieval import sharded
@@ -132,7 +133,7 @@ def test_dot_product_mode_equals_numpy_brute_force(trained, tiny_bert_dir, tmp_p
   from bilinear_ir.data import embeddings, loaders  # pylint: disable=g-import-not-at-top
   root, beir, cache = trained
   coll = loaders.load(ml_collections.ConfigDict({"format": "beir", "path": str(beir)}))
-  enc = job.resolve_encoder(_config(beir, cache, tiny_bert_dir).encoder, None)
+  enc = saved_model.resolve_encoder(_config(beir, cache, tiny_bert_dir).encoder, None)
   emb = embeddings.embed_collection(coll, enc)
   k = 20
 
@@ -191,15 +192,15 @@ def test_encoder_comes_from_the_model_and_a_mismatch_is_an_error(trained, tiny_b
                         "doc_prompt": ""}}
   cfg = _config(beir, cache, tiny_bert_dir).encoder
   cfg.model, cfg.max_length, cfg.batch_size = None, 32, 16
-  out = job.resolve_encoder(cfg, meta)
+  out = saved_model.resolve_encoder(cfg, meta)
   assert (out.model, out.pooling, out.normalize, out.max_length) == (tiny_bert_dir, "mean", True,
                                                                      32)
   assert (out.batch_size, out.cache_dir) == (16, str(cache))  # no effect on the numbers: config's
   cfg.pooling = "cls"
   with pytest.raises(InputError, match="encoder.pooling"):
-    job.resolve_encoder(cfg, meta)
+    saved_model.resolve_encoder(cfg, meta)
   cfg.pooling = None
-  assert job.resolve_encoder(cfg, None).model == ""  # no model: encoder_config() defaults
+  assert saved_model.resolve_encoder(cfg, None).model == ""  # no model: encoder_config() defaults
   # Through the job: the trained model's encoder is the tiny BERT with mean pooling.
   c = _config(beir, cache, tiny_bert_dir, model_dir=str(root / "train" / "model"))
   c.encoder.pooling = "cls"

@@ -12,6 +12,7 @@ from bilinear_ir.data import pipeline
 from bilinear_ir.eval import metrics
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import table as table_lib
 from bilinear_ir.jobs import study
 from conftest import get_config, write_beir
 
@@ -142,16 +143,18 @@ def _fake_outcomes(monkeypatch):
     per_query = {q: {m: float(rng.random()) for m in c.eval.measures} for q in s.test.query_ids}
     out = {"per_query": per_query, "dev": {sel: float(rng.random())}, "best_step": 6,
            "history": [{"step": 12, sel: float(rng.random())}], "params": None,
-           "metrics": {}, "module": None}
+           "metrics": {m: float(np.mean([v[m] for v in per_query.values()]))
+                       for m in c.eval.measures}, "module": None}
     record[key] = out
     return out
 
   def fake_hybrid(self, candidates_of, splits):  # pylint: disable=unused-argument
-    return 0.5, {name: ({"per_query": {q: {m: 0.5 for m in self.measures}
-                                       for q in s.query_ids}}, {}) for name, s in splits.items()}
+    return 0.5, {name: ({"mean": {m: 0.5 for m in self.measures},
+                         "per_query": {q: {m: 0.5 for m in self.measures} for q in s.query_ids}},
+                        {}) for name, s in splits.items()}
 
-  monkeypatch.setattr(study.rows_lib.training, "train_and_evaluate", fake_train)
-  monkeypatch.setattr(study.evaluate.HybridEvaluator, "__call__", fake_hybrid)
+  monkeypatch.setattr(table_lib.rows_lib.training, "train_and_evaluate", fake_train)
+  monkeypatch.setattr(table_lib.evaluate.HybridEvaluator, "__call__", fake_hybrid)
   return record
 
 
@@ -160,8 +163,10 @@ def test_learned_is_the_dev_argmax_per_fold_and_seed(study_run, monkeypatch):
   # pick a different model in some fold: `learned` must take the dev pick, per fold and seed.
   config, _ = study_run
   record = _fake_outcomes(monkeypatch)
-  rows, _, name = study.run_collection(config, config.collections[1])  # 3 folds x 2 seeds
-  specs = [sp["name"] for sp in spec_lib.model_specs(config.models, config.ranks)]
+  # 3 folds x 2 seeds
+  table = table_lib.run(config, study.cells(config, config.collections[1]), None)
+  rows, name = table.rows, table.cells[0].fields["collection"]
+  specs = [sp["name"] for sp in config.rows if sp["type"] == "trained" and sp["split"] == "folds"]
   sel, m0 = config.train.select_metric, config.eval.measures[0]
   learned = next(r for r in rows if r["model"] == "learned")
   folds = sorted({k[2] for k in record if k[0] == specs[0]})

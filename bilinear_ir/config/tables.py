@@ -1,0 +1,175 @@
+"""The rows of a table, declared in config (`config.rows`), run by `experiment.table`.
+
+A table is a tuple of row specs, each a plain dict with a `type`:
+
+  {"type": "dot"}       the untrained dot product of the frozen embeddings
+  {"type": "bm25"}      BM25 over every test query of the cell
+  {"type": "trained", "model": {...} | "block", "train": {} | "block", "split": "folds" | "ict"}
+                        `model` options (and `source`, the training pairs) of a scorer trained at
+                        every seed on every split set ("ict": on the cell's ICT split, no folds),
+                        with the `train` changes; a string names the config block holding them
+                        (e.g. "mol", "mol_train": `--config.mol_train.lr=...` reaches the row)
+  {"type": "dev_best", "over": (names), "per": "run" | "row", "step0": bool}
+                        "run": per seed and split set, the row of `over` best on dev (`step0`:
+                        its name gets "@step0" where dev selection kept the untrained start);
+                        "row": the row of `over` whose dev metric, mean over seeds, is best
+  {"type": "hybrid", "partner": name, "from_partner": (keys)}
+                        lam * partner + (1 - lam) * BM25, lam tuned on dev per run; the row takes
+                        the `from_partner` fields of the partner's chosen row ("dense": its title)
+
+and, each: `name` (unique: what `over` and `partner` name), `title` (a reader's name, e.g.
+"lowrank r=32 (identity + PQ^T)"), `label` (the fields naming its row in results.json, e.g.
+{"scorer": "wdp", "source": "qrels"} or {"model": "wdp"}) and `hidden` (True: run for a later row,
+not reported). A new row of a job is one more entry here. The functions below build each job's
+rows from its config file's arguments.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+TYPES = ("dot", "bm25", "trained", "dev_best", "hybrid")
+SOURCE_LABELS = {"qrels": "", "ict": ", ICT pairs", "both": ", qrels + ICT pairs"}
+
+
+def row(type_: str, name: str, label: Mapping[str, Any], title: str | None = None,
+        **fields: Any) -> dict[str, Any]:
+  """One row spec: {"type", "name", "title", "label", **fields} (see the module docstring)."""
+  return {"type": type_, "name": name, "title": title or name, "label": dict(label), **fields}
+
+
+def trained(name: str, label: Mapping[str, Any], model: Mapping[str, Any] | str,
+            train: str | None = None, title: str | None = None,
+            split: str = "folds") -> dict[str, Any]:
+  """A trained row: its `model` options (None values left out by `Recipe.row`) or the name of
+  the config block holding them, and the name of the config block of its `train` changes."""
+  return row("trained", name, label, title,
+             model=model if isinstance(model, str) else dict(model), train=train or {},
+             split=split)
+
+
+def baselines(label_key: str = "scorer", bm25: Mapping[str, Any] | None = None
+              ) -> list[dict[str, Any]]:
+  """The untrained dot product and BM25, labelled {label_key: "dot" / "bm25"} (+ `bm25`)."""
+  return [row("dot", "dot", {label_key: "dot"}),
+          row("bm25", "bm25", {label_key: "bm25", **(bm25 or {})})]
+
+
+def row_slug(spec: Mapping[str, Any]) -> str:
+  """A folder name for a row of the bilinear table: wdp, bilinear, lowrank_r32,
+  lowrank_r32_identity (+ _ict, _both for the other training sources)."""
+  name = spec["scorer"] if spec["scorer"] != "lowrank" else (
+      f"lowrank_r{spec['rank']}" + ("" if spec["residual"] == "none" else
+                                    f"_{spec['residual']}"))
+  return name + ("" if spec.get("source", "qrels") == "qrels" else f"_{spec['source']}")
+
+
+def row_label(spec: Mapping[str, Any]) -> str:
+  """A table row's name: "wdp", "lowrank r=32 (identity + PQ^T)", "MoL (P = 4)", ... (+ its
+  training source)."""
+  name = spec["scorer"]
+  if spec["scorer"] == "lowrank":
+    name = f"lowrank r={spec['rank']}" + ("" if spec["residual"] == "none" else
+                                         f" ({spec['residual']} + PQ^T)")
+  elif spec["scorer"] == "mol":
+    name = f"MoL (P = {spec['p_q']})"
+  return name + SOURCE_LABELS[spec.get("source", "qrels")]
+
+
+def bilinear_table(ranks: Sequence[int], residuals: Sequence[str], mol: Mapping[str, Any] | None,
+                   sources: Sequence[str],
+                   source_rows: Sequence[str]) -> tuple[dict[str, Any], ...]:
+  """The rows of the bilinear table (configs/reproduce_table.py): dot, BM25, WDP, P Q^T at every
+  residual x rank, full bilinear, MoL (`mol` options; None: no MoL row), the rows named in
+  `source_rows` again on each of `sources` ("ict", "both"), then the hybrid of the row best on
+  dev (mean over seeds; judged-pair rows only) with BM25."""
+  blank = {"rank": None, "residual": None}
+  grid = [{"scorer": "wdp", **blank}]
+  grid += [{"scorer": "lowrank", "rank": int(r), "residual": res}
+           for res in residuals for r in ranks]
+  grid.append({"scorer": "bilinear", **blank})
+  if mol is not None:
+    grid.append({**dict(mol), **blank})
+  grid = [{**spec, "source": "qrels"} for spec in grid]
+  for source in sources:
+    grid += [{**spec, "source": source} for spec in grid[:len(grid)]
+             if spec["source"] == "qrels" and row_slug(spec) in source_rows]
+  rows = baselines("scorer", {"mode": "full"})
+  for spec in grid:
+    rows.append(trained(row_slug(spec), spec, spec,
+                        "mol_train" if spec["scorer"] == "mol" else None, row_label(spec)))
+  judged = tuple(r["name"] for r in rows[2:] if r["label"]["source"] == "qrels")
+  rows.append(row("dev_best", "best", {}, over=judged, per="row", hidden=True))
+  rows.append(row("hybrid", "hybrid", {"scorer": "hybrid"}, partner="best",
+                  from_partner=("rank", "residual", "dense")))
+  return tuple(rows)
+
+
+def mol_table(baseline_scorers: Sequence[str], components: Sequence[int],
+              mi_weights: Sequence[float], d_p: int) -> tuple[dict[str, Any], ...]:
+  """The rows of the MoL job (configs/mol.py): dot, BM25, the trained `baseline_scorers`, MoL for
+  every P_q = P_x of `components` x L_MI weight of `mi_weights` (`config.mol_train`'s changes), and
+(hidden) the MoL row best on
+  dev, whose retrieval the job then measures."""
+  rows = baselines("scorer") + [trained(s, {"scorer": s}, {"scorer": s}) for s in baseline_scorers]
+  for p in components:
+    for a in mi_weights:
+      spec = {"scorer": "mol", "p_q": int(p), "p_x": int(p), "d_p": int(d_p),
+              "mi_weight": float(a)}
+      rows.append(trained(f"mol_p{p}_mi{a}", spec, spec, "mol_train", row_label(spec)))
+  rows.append(row("dev_best", "best", {}, over=tuple(r["name"] for r in rows
+                                                     if r["label"]["scorer"] == "mol"),
+                  per="row", hidden=True))
+  return tuple(rows)
+
+
+def model_specs(models: Sequence[str], ranks: Sequence[int]) -> list[dict[str, Any]]:
+  """The trained models a config's `models` names, in its order: [{"name", "scorer", ...model
+  options}]. "lowrank" is the residual I + P Q^T at every rank of `ranks` ("lowrank_r{r}"), any
+  other name its own scorer."""
+  out = []
+  for name in models:
+    if name == "lowrank":
+      out += [{"name": f"lowrank_r{r}", "scorer": "lowrank", "rank": int(r),
+               "residual": "identity"} for r in ranks]
+    elif name == "mol":
+      out.append({"name": "mol", "scorer": "mol"})
+    else:
+      out.append({"name": name, "scorer": name})
+  return out
+
+
+def _named(spec: Mapping[str, Any], train: str | None = None, source: str | None = None
+           ) -> dict[str, Any]:
+  """A trained row labelled {"model": name} (+ "_<source>" for another training source)."""
+  name = spec["name"] + (f"_{source}" if source else "")
+  model = {k: v for k, v in spec.items() if k != "name"}
+  if source:
+    model["source"] = source
+  return trained(name, {"model": name}, model, train, split="ict" if source else "folds")
+
+
+def study_table(models: Sequence[str], ranks: Sequence[int], ict_rows: Sequence[str]
+                ) -> tuple[dict[str, Any], ...]:
+  """The rows of the study (configs/study.py): dot, BM25, the trained `models`, "learned" (per
+  seed and fold, the trained row best on dev, step 0 included), its hybrid with BM25, and the rows
+  named in `ict_rows` trained on pairs the corpus makes itself (no folds)."""
+  specs = model_specs(models, ranks)
+  rows = baselines("model") + [_named(s) for s in specs]
+  rows.append(row("dev_best", "learned", {"model": "learned"}, over=tuple(s["name"] for s in specs),
+                  per="run", step0=True))
+  rows.append(row("hybrid", "hybrid", {"model": "hybrid"}, partner="learned", from_partner=()))
+  rows += [_named(s, source="ict") for s in specs if s["name"] in ict_rows]
+  return tuple(rows)
+
+
+def curve_table(models: Sequence[str], ranks: Sequence[int]) -> tuple[dict[str, Any], ...]:
+  """The rows of each point of the learning curve (configs/learning_curve.py): dot, the trained
+  `models` (MoL: the options of `config.mol`, with `config.mol_train`'s changes), and "learned": per seed, the one of dot and the
+  trained rows best on dev."""
+  specs = model_specs(models, ranks)
+  rows = [row("dot", "dot", {"model": "dot"})]
+  rows += [trained("mol", {"model": "mol"}, "mol", "mol_train") if s["name"] == "mol"
+           else _named(s) for s in specs]
+  rows.append(row("dev_best", "learned", {"model": "learned"},
+                  over=("dot",) + tuple(s["name"] for s in specs), per="run", step0=False))
+  return tuple(rows)
