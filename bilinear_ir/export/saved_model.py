@@ -2,6 +2,8 @@
 
     save_model(path, module, params, embedding)   # any scorer of the registry
     module, params, meta = load_model(path)
+    module, params, meta = load_table_scorer(path)      # a scorer with query / doc tables
+    encoder = resolve_encoder(config.encoder, meta)    # the encoder it was trained with
 
 `config.json` holds what rebuilds the scorer and checks its weights: the format and project
 version, the scorer's registry name and fields (`dim` and its options), the embedding it compares
@@ -19,6 +21,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import ml_collections
 import numpy as np
 from safetensors.numpy import load_file
 from safetensors.numpy import save_file
@@ -26,8 +29,10 @@ from safetensors.numpy import save_file
 import bilinear_ir
 from bilinear_ir import files
 from bilinear_ir import scorers
+from bilinear_ir.config import blocks
 from bilinear_ir.errors import input_error
 from bilinear_ir.errors import require
+from bilinear_ir.scorers.base import TableScorer
 
 FORMAT = "bilinear_ir.model"
 FORMAT_VERSION = 1
@@ -155,3 +160,50 @@ def load_model(path: str) -> tuple[nn.Module, Any, dict[str, Any]]:
     raise input_error("the weights' SHA-256 differs from config.json's params_sha256",
                       file=weights_path)
   return module, jax.device_put(params), config
+
+
+def resolve_encoder(encoder_cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None,
+                    where: str = "config.json") -> ml_collections.ConfigDict:
+  """The encoder block to embed with: the model's embedding, checked against the config.
+
+  Args:
+    encoder_cfg: `config.encoder`; a field of blocks.ENCODER_FIELDS that is None takes the model's
+      value (the `encoder_config()` default without a model); a set value must equal it.
+    meta: the saved model's config (`load_model`: its "embedding" holds the settings it was
+      trained on), or None for the untrained dot product.
+    where: the model's config file, for messages.
+
+  Returns:
+    A complete encoder block (its other fields, e.g. batch_size and cache_dir, from
+    `encoder_cfg`).
+  """
+  out = blocks.encoder_config()
+  trained = None
+  if meta is not None:
+    trained = meta.get("embedding")
+    if not isinstance(trained, dict) or trained.get("kind") not in ("flax", "precomputed"):
+      raise input_error("missing, or without a kind (flax | precomputed)", file=where,
+                        field="embedding")
+    trained = {f: trained.get(f, out[f]) for f in blocks.ENCODER_FIELDS}
+  for field in blocks.ENCODER_FIELDS:
+    value = encoder_cfg.get(field)
+    if trained is not None:
+      if value is not None and value != trained[field]:
+        raise input_error(f"{value!r} differs from {trained[field]!r}, the encoder the model "
+                          f"was trained with ({where}); leave it unset", file="config",
+                          field=f"encoder.{field}")
+      value = trained[field]
+    if value is not None:
+      out[field] = value
+  out.update({f: v for f, v in encoder_cfg.items() if f not in blocks.ENCODER_FIELDS})
+  return out
+
+
+def load_table_scorer(model_dir: str):
+  """(module, params, meta) of a table scorer saved by `save_model` (the retrieve job's)."""
+  module, params, meta = load_model(model_dir)
+  if not isinstance(module, TableScorer):
+    raise input_error(f"scorer {meta['scorer']!r} has no query/doc tables; the retrieve job "
+                      "serves table scorers (dot, wdp, bilinear, lowrank)",
+                      file=os.path.join(model_dir, CONFIG), field="scorer")
+  return module, params, meta

@@ -25,8 +25,7 @@ Rows (`config.rows`, each a name of `config.models` or "dot" / "table" / "hybrid
   table      the table similarity best on dev among `config.table.models` (full W, I + P Q^T),
              trained on the pooled embeddings by the learning curve's recipe: the token rows'
              like-for-like rival (`studies.late_interaction.rows.table_row`); every row is also
-             compared with it
-             ("vs_table").
+             compared with it ("vs_table").
   colbert    sum-max over the raw token similarities: untrained (the protocol's candidate);
              colbert_proj adds a trained token projection P -> P'.
   mebert     ME-BERT, m = 8 doc vectors, trained shared projection + LayerNorm.
@@ -40,8 +39,7 @@ scores) or a bilinear similarity trained on the pooled embeddings (the bilinear 
 whichever is better on dev (or the one `config.distill.teacher` names). Model selection uses the
 dev split only, with the untrained ColBERT as a candidate of every trained row
 (`studies.late_interaction.rows.select_over_colbert`: "kept_colbert"). Every row is compared per
-test query
-with colbert and dot ("vs_colbert", "vs_dot"; Holm per baseline over all rows and n).
+test query with colbert and dot ("vs_colbert", "vs_dot"; Holm per baseline over all rows and n).
 
 Per row: metrics, per-query nDCG@10, bytes per stored document (in `config.storage.dtype`) and
 the latency of scoring 1 query x `config.latency.docs` stored docs (`timing`, as benchmarks/

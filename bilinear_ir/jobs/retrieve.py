@@ -28,7 +28,6 @@ import jax
 import ml_collections
 
 from bilinear_ir import scorers
-from bilinear_ir.config import blocks
 from bilinear_ir.data import pipeline
 from bilinear_ir.data import loaders
 from bilinear_ir.errors import input_error, require
@@ -36,64 +35,10 @@ from bilinear_ir.eval import metrics as metrics_lib
 from bilinear_ir.eval import trec
 from bilinear_ir.export import saved_model
 from bilinear_ir.report import outputs
-from bilinear_ir.report import text
+from bilinear_ir.report import retrieve as report
 from bilinear_ir.experiment import validation
 from bilinear_ir.retrieval import index as index_lib
 from bilinear_ir.retrieval import serving
-from bilinear_ir.scorers.base import TableScorer
-ENCODER_FIELDS = blocks.ENCODER_FIELDS    # configs/retrieve.py leaves them None by default
-
-
-def resolve_encoder(encoder_cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None,
-                    where: str = "config.json") -> ml_collections.ConfigDict:
-  """The encoder block to embed with: the model's embedding, checked against the config.
-
-  Args:
-    encoder_cfg: `config.encoder`; a field of ENCODER_FIELDS that is None takes the model's
-      value (the `encoder_config()` default without a model); a set value must equal it.
-    meta: the saved model's config (`load_model`: its "embedding" holds the settings it was
-      trained on), or None for the untrained dot product.
-    where: the model's config file, for messages.
-
-  Returns:
-    A complete encoder block (its other fields, e.g. batch_size and cache_dir, from
-    `encoder_cfg`).
-  """
-  out = blocks.encoder_config()
-  trained = None
-  if meta is not None:
-    trained = meta.get("embedding")
-    if not isinstance(trained, dict) or trained.get("kind") not in ("flax", "precomputed"):
-      raise input_error("missing, or without a kind (flax | precomputed)", file=where,
-                        field="embedding")
-    trained = {f: trained.get(f, out[f]) for f in ENCODER_FIELDS}
-  for field in ENCODER_FIELDS:
-    value = encoder_cfg.get(field)
-    if trained is not None:
-      if value is not None and value != trained[field]:
-        raise input_error(f"{value!r} differs from {trained[field]!r}, the encoder the model "
-                          f"was trained with ({where}); leave it unset", file="config",
-                          field=f"encoder.{field}")
-      value = trained[field]
-    if value is not None:
-      out[field] = value
-  out.update({f: v for f, v in encoder_cfg.items() if f not in ENCODER_FIELDS})
-  return out
-
-
-def dot_scorer(dim: int):
-  """(module, params) of the parameter-free dot product for width `dim` (`model_dir=""`)."""
-  return scorers.build("dot", dim=dim), {}
-
-
-def load_scorer(model_dir: str):
-  """(module, params, meta) of a table scorer saved by `export.saved_model.save_model`."""
-  module, params, meta = saved_model.load_model(model_dir)
-  if not isinstance(module, TableScorer):
-    raise input_error(f"scorer {meta['scorer']!r} has no query/doc tables; the retrieve job "
-                      "serves table scorers (dot, wdp, bilinear, lowrank)",
-                      file=os.path.join(model_dir, saved_model.CONFIG), field="scorer")
-  return module, params, meta
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -118,13 +63,15 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   k_asked = config.k
   model_dir = os.path.abspath(config.model_dir) if config.model_dir else ""
   # The model first: a bad model_dir fails before any data is read or embedded.
-  module, params, meta = load_scorer(model_dir) if model_dir else (None, {}, None)
-  encoder_cfg = resolve_encoder(config.encoder, meta, os.path.join(model_dir, saved_model.CONFIG))
+  module, params, meta = (saved_model.load_table_scorer(model_dir) if model_dir
+                          else (None, {}, None))
+  encoder_cfg = saved_model.resolve_encoder(config.encoder, meta,
+                                            os.path.join(model_dir, saved_model.CONFIG))
   coll = loaders.load(config.data)
   emb = pipeline.embed(coll, encoder_cfg)
   dim = int(emb.docs.shape[1])
-  if meta is None:
-    module, params = dot_scorer(dim)
+  if meta is None:  # the parameter-free dot product
+    module, params = scorers.build("dot", dim=dim), {}
   else:
     require(meta["dim"] == dim, f"the model was trained on {meta['dim']}-d embeddings, the "
             f"encoder gives {dim}-d", file=os.path.join(model_dir, saved_model.CONFIG), field="dim")
@@ -161,14 +108,5 @@ def run(config: ml_collections.ConfigDict, workdir: str):
       "search": {"sharded": bool(config.sharded), "processes": jax.process_count(),
                  "local_devices": jax.local_device_count() if config.sharded else 1},
   })
-  md = (f"# retrieve: {scorer} on {coll.name} ({split or 'all queries'}, exact top-{k})\n\n"
-        f"Index `{index_dir}` ({m['dtype']}, {m['num_docs']} docs x {m['width']}, "
-        f"{'reused' if reused else 'built'}).\n\n")
-  if qrels is not None:
-    md += text.markdown_table([[split, len(query_ids)] + [results["metrics"][x]
-                                                            for x in measures]],
-                                ["split", "queries"] + measures, digits=4)
-  else:
-    md += f"{len(query_ids)} queries ranked; no qrels, so no metrics.\n"
-  return outputs.Report(results=results, markdown=md,
+  return outputs.Report(results=results, markdown=report.markdown(results, measures),
                         extra_files={"run.trec": trec.run_to_text(run_dict, scorer)})
