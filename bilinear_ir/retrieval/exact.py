@@ -342,8 +342,8 @@ def tf32x3_group_maxima(qt: jax.Array, dt: jax.Array, group: int, emulate: bool)
 
 @functools.partial(jax.jit, static_argnames=("k", "tiles", "groups", "pallas", "interpret",
                                              "selection"))
-def _tf32x3_certified(qt, dt, k, tiles, slack, groups, pallas, interpret, selection, id_offset,
-                      perturb=None) -> tuple[TopK, jax.Array]:
+def _tf32x3_certified(qt, dt, k, tiles, scale, groups, pallas, interpret, selection, id_offset,
+                      slack=None, perturb=None) -> tuple[TopK, jax.Array]:
   """The traceable core of `tf32x3_topk`: (TopK [B, k], certified [B] bool).
 
   Approximate group maxima (3xTF32; `perturb` [B, ceil(N / G)] is added to them: the tests'
@@ -351,9 +351,11 @@ def _tf32x3_certified(qt, dt, k, tiles, slack, groups, pallas, interpret, select
   first `groups` rescored (`_rescore_groups`); a query is certified when the next group's
   approximate maximum plus its slack [B] is strictly below its k-th exact score, or when no
   group is left. Strict: an equal sum could hide a doc of that group tying the k-th score with
-  a lower id.
+  a lower id. The slack is `slack` [B], or None: `scale` (c max|d|) times each query's norm.
   """
   g = tiles.group
+  if slack is None:
+    slack = scale * jnp.linalg.norm(qt, axis=1)
   if pallas:
     maxima = pallas_topk.group_maxima(qt, dt, tiles._replace(tf32x3=True), interpret)
   else:
@@ -423,13 +425,16 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
   if groups < k:
     raise input_error(f"must be >= k = {k}, got {groups}", file="retrieval", field="groups")
   selection = default_selection(k) if selection is None else selection
+  scale = 0.0
   if slack is None:
     doc_norm = max_doc_norm(dt) if doc_norm is None else doc_norm
-    slack = (tf32x3_relative_bound(qt.shape[1]) * doc_norm) * jnp.linalg.norm(qt, axis=1)
-  slack = jnp.broadcast_to(jnp.asarray(slack, jnp.float32), (b,))
-  res, ok = _tf32x3_certified(qt, dt, k, tiles, slack, groups, pallas,
+    scale = tf32x3_relative_bound(qt.shape[1]) * doc_norm
+  else:
+    slack = jnp.broadcast_to(jnp.asarray(slack, jnp.float32), (b,))
+  res, ok = _tf32x3_certified(qt, dt, k, tiles, jnp.float32(scale), groups, pallas,
                               pallas_topk.interpret_default(), selection, jnp.int32(id_offset),
-                              None if perturb is None else jnp.asarray(perturb, jnp.float32))
+                              slack, None if perturb is None else jnp.asarray(perturb,
+                                                                              jnp.float32))
   failed = np.flatnonzero(~np.asarray(ok))
   if failed.size:
     p = pad_rows(failed, b)

@@ -103,7 +103,9 @@ def test_random_queries_are_certified_and_exact(pallas):
   truth = exact.brute_force(q, d, 5)
   assert fell == 0
   np.testing.assert_array_equal(np.asarray(res.ids), np.asarray(truth.ids))
-  np.testing.assert_array_equal(np.asarray(res.scores), np.asarray(truth.scores))
+  # float32 scores, summed in another order than the brute force's matmul
+  np.testing.assert_allclose(np.asarray(res.scores), np.asarray(truth.scores), rtol=0,
+                             atol=exact.gamma(48) * 48 * 2)
 
 
 @IMPLS
