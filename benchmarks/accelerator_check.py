@@ -172,7 +172,7 @@ def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool,
                                        "no:cacheprovider", *tests_device], "env": tests_env},
   ]
   topk = [py, os.path.join(BENCH, "topk.py"), "--json", j("topk"), "--strategies",
-          ",".join(KERNEL_STRATEGIES if kernels and not reduced else STRATEGIES)]
+          ",".join(KERNEL_STRATEGIES if kernels else STRATEGIES)]
   if reduced:
     # torch on the CPU: a smoke test of the torch peer's code that runs on a GPU; the Pallas
     # kernel in interpret mode
