@@ -121,8 +121,9 @@ def tf32x3_dot(a: jax.Array, b: jax.Array, acc: jax.Array | None = None,
                precision=TF32_PRECISION) -> jax.Array:
   """acc + a [M, w] . b [N, w]^T -> [M, N] float32 by 3xTF32: hi.lo, lo.hi, then hi.hi of
   `split_tf32` (the small terms first), each a dot at `precision` (TF32 on a GPU; exact
-  float32 products of the TF32 parts anywhere) added to the running float32 sum (Triton folds
-  each add into its dot's accumulator). acc: [M, N] float32 or None (zeros)."""
+  float32 products of the TF32 parts anywhere) added to the running float32 sum (in a kernel,
+  Triton may fold each add into its dot's accumulator: the bound allows either). acc: [M, N]
+  float32 or None (zeros)."""
   (ah, al), (bh, bl) = split_tf32(a), split_tf32(b)
   for x, y in ((ah, bl), (al, bh), (ah, bh)):
     part = lax.dot_general(x, y, (((1,), (1,)), ((), ())), precision=precision,
