@@ -404,8 +404,9 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
      result is the float32 brute force's. The other queries are redone by the "xla" scan
      (`scan_topk`, in size classes of `pad_rows`).
   m defaults to 2k: the gap between the k-th and the 2k+1-th group maxima is much wider than
-  e (at 1M standard normal docs of width 384, about 2.8 against 0.24), where the gap after
-  the k-th alone (about 0.4) would often be narrower.
+  e, where the gap after the k-th alone often is not. Measured (the CPU emulation, 64 standard
+  normal queries x 200k docs x 384, k = 10, e about 0.29, G = 16, 64 or 128): m = 10 sent 23
+  of the 64 queries to the scan, m = 15 and m = 20 none.
 
   Args:
     qt: [B, w]; dt: [N, w] (float32); k: results per query (k > N: -inf / NO_DOC slots).
