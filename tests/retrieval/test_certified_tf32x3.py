@@ -110,17 +110,20 @@ def test_random_queries_are_certified_and_exact(pallas):
 
 @IMPLS
 def test_an_error_beyond_the_bound_falls_back_and_stays_exact(pallas):
-  # query 3's approximate maxima all raised to one value far above its scores (an error far
-  # beyond the bound): its (m + 1)-th group is not below its k-th score, so it falls back to
-  # the float32 scan; the other queries stay certified; every id is the brute force's
+  # query 3's approximate maxima raised far above its scores, the most to the lowest group ids
+  # (an error far beyond the bound): the m = 8 groups rescored are groups 0 .. 7, which miss
+  # its top-4, and its (m + 1)-th group is not below its k-th score, so it falls back to the
+  # float32 scan; the other queries stay certified; every id is the brute force's
   rng = np.random.default_rng(3)
   q = rng.standard_normal((8, 24)).astype(np.float32)
   d = rng.standard_normal((203, 24)).astype(np.float32)  # N not a multiple of G = 4
   perturb = np.zeros((8, 51), np.float32)
-  perturb[3] = 1e3
+  perturb[3] = 1e3 * np.arange(51, 0, -1)
+  truth = np.asarray(exact.brute_force(q, d, 4).ids)
+  assert truth[3].max() >= 8 * 4  # groups 0 .. 7 alone would give other ids
   res, fell = exact.tf32x3_topk(q, d, 4, TILES, pallas=pallas, perturb=perturb)
   assert fell == 1
-  np.testing.assert_array_equal(np.asarray(res.ids), np.asarray(exact.brute_force(q, d, 4).ids))
+  np.testing.assert_array_equal(np.asarray(res.ids), truth)
 
 
 @IMPLS
