@@ -29,12 +29,15 @@ check goes on; where a kernel test's process crashed in tests_device (e.g. an il
 access), topk and mol run without the kernels (`pallas_skipped` in their summary entry names it).
 
 `--kernels` (issue 42's subset, on a GPU at most 300 s, `KERNEL_LIMITS`): device; tests_device on
-the exactness file, the Pallas kernel tests (compiled) and the roofline unit test; topk on the
-two issue cases with the XLA scan, both Pallas strategies' tile sweeps (pallas, the fused
-scan-and-select; pallas_blockmax, group maxima + XLA selection, its kernel also timed alone) and
-torch. The mol step (1M items, P = 4, TopKAvg(2,000 / 4,000) with the XLA and the Pallas top-N
-selection, brute force at its best step and torch; 75 s) runs with `--kernels` only when
-`--steps` names it.
+the exactness file, the Pallas kernel tests (compiled), the 3xTF32 bound and certificate tests
+(on the tensor cores) and the roofline unit test; topk on the two issue cases with
+`KERNEL_STRATEGIES`: the XLA scan and both 3xTF32 strategies' sweeps (tf32x3, XLA's
+TF32_TF32_F32_X3 dot; tf32x3_pallas, the Pallas kernel's split; each with its group maxima
+timed alone, its fallback count and its bound at three TF32 passes) beside torch float32 with
+TF32 off (the peer), bf16, and TF32 on (a labelled reference). The float32 Pallas kernels
+(pallas, pallas_blockmax: 5 to 170 ms in runs 5 and 6) are left out there. The mol step (1M
+items, P = 4, TopKAvg(2,000 / 4,000) with the XLA and the Pallas top-N selection, brute force at
+its best step and torch; 75 s) runs with `--kernels` only when `--steps` names it.
 
 where a benchmark's cases are its JSON cases with every ratio (`ratio_vs_bound`, `bound_ms`,
 `peak_flops`, `bandwidth_gbs`, `peer_torch_ms` / `note`, `ratio_vs_torch`, ...), a test step's
@@ -48,7 +51,8 @@ Steps (in this order: the device's own numbers first, CPU-only logic last):
                 twins, sharded top-k over the device's chips), tests/test_precision.py,
                 tests/retrieval/: test_retrieval_exact.py (the selection with ties and
                 near-ties), test_certified.py, test_mol_topk.py,
-                test_mol_topk_chunks.py, test_pallas_topk.py (the Pallas kernels compiled);
+                test_mol_topk_chunks.py, test_pallas_topk.py (the Pallas kernels compiled),
+                test_certified_tf32x3.py (the 3xTF32 bound on the tensor cores);
                 in TESTS_DEVICE_WORKERS pytest-xdist processes where xdist is installed.
                 Reduced: test_device_exactness.py without the MoL and certified cases, and the
                 Pallas kernels' Triton lowering (CI runs the rest).
@@ -56,8 +60,8 @@ Steps (in this order: the device's own numbers first, CPU-only logic last):
                 matmul and torch (float32 with TF32 off, and bf16) at its best chunk; our scan also
                 at the former default chunk, 8,192 rows (`scan_chunk_ms`), and with each
                 selection, lax.top_k and argmax passes (`scan_selection_ms`); the Pallas kernels
-                (`--strategies xla,pallas,pallas_blockmax`: `pallas_<case>` and
-                `pallas_blockmax_<case>` rows, a tile sweep each on a GPU).
+                and the 3xTF32 strategies (`--strategies` STRATEGIES: `<strategy>_<case>`
+                rows, a tile sweep each on a GPU; 3xTF32 with torch TF32 on beside it).
                 Reduced: --scale 0.01,
                 64 queries, two cases, the matmul and torch on the CPU (a smoke test of the peer).
   mol           benchmarks/mol_topk.py: 1,000,000 items, P = 4, a short grid, brute force also
@@ -111,7 +115,7 @@ print(json.dumps(out, indent=2))
 # Seconds per step (accelerator / reduced). The accelerator limits add up to the default budget
 # (450 s) caps them: with the wheel install and start-up, the whole check ends within 8 minutes on
 # a GPU (the first H200 run needed more than 90 s for tests_device and 100 s for topk).
-LIMITS = {"device": (40, 30), "tests_device": (150, 50), "topk": (160, 75), "mol": (90, 75),
+LIMITS = {"device": (40, 30), "tests_device": (150, 50), "topk": (160, 95), "mol": (90, 75),
           "train": (70, 35), "stream": (30, 35), "tests_sharding": (40, 45), "fidelity": (20, 30)}
 # Seconds per step with --kernels on an accelerator (device, tests_device, topk within 300 s:
 # with the wheel install, under 5.5 minutes of device time; the topk step compiles both Pallas
@@ -119,7 +123,9 @@ LIMITS = {"device": (40, 30), "tests_device": (150, 50), "topk": (160, 75), "mol
 KERNEL_LIMITS = {"device": 30, "tests_device": 80, "topk": 190, "mol": 75}
 # The top-k strategies the topk step times (benchmarks/topk.py --strategies): the XLA scan
 # first, then the Pallas kernels.
-STRATEGIES = ("xla", "pallas", "pallas_blockmax")
+STRATEGIES = ("xla", "pallas", "pallas_blockmax", "tf32x3", "tf32x3_pallas")
+# The strategies --kernels times: the XLA scan and the 3xTF32 certified strategies.
+KERNEL_STRATEGIES = ("xla", "tf32x3", "tf32x3_pallas")
 # pytest-xdist workers of tests_device on an accelerator, where the package is installed (the
 # device machines' image has it); else the tests run in one process.
 TESTS_DEVICE_WORKERS = 8
@@ -141,15 +147,17 @@ def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool,
   if reduced:  # the Pallas kernels: their Triton lowering (interpret-mode tests run in CI)
     tests_device = ["tests/test_device_exactness.py",
                     "tests/retrieval/test_pallas_topk.py::test_triton_lowering_is_full_float32",
+                    "tests/retrieval/test_pallas_topk.py::"
+                    "test_triton_lowering_of_the_3xtf32_kernel_uses_tf32",
                     "-k", "not mol and not certified"]
   elif kernels:
     tests_device = ["tests/test_device_exactness.py", "tests/retrieval/test_pallas_topk.py",
-                    "tests/test_timing_roofline.py"]
+                    "tests/retrieval/test_certified_tf32x3.py", "tests/test_timing_roofline.py"]
   else:
     tests_device = ["tests/test_device_exactness.py", "tests/test_precision.py",
                     "tests/retrieval/test_retrieval_exact.py", "tests/retrieval/test_certified.py",
                     "tests/retrieval/test_mol_topk.py", "tests/retrieval/test_mol_topk_chunks.py",
-                    "tests/retrieval/test_pallas_topk.py"]
+                    "tests/retrieval/test_pallas_topk.py", "tests/retrieval/test_certified_tf32x3.py"]
   tests_env = dict(dev_env)
   if accelerator and not reduced and importlib.util.find_spec("xdist") is not None:
     # Compilation, on the host, is most of these tests' time (the first H200 run: 72 of 110
@@ -164,7 +172,7 @@ def steps(out: str, reduced: bool, accelerator: bool, tmp: str, torch_ok: bool,
                                        "no:cacheprovider", *tests_device], "env": tests_env},
   ]
   topk = [py, os.path.join(BENCH, "topk.py"), "--json", j("topk"), "--strategies",
-          ",".join(STRATEGIES)]
+          ",".join(KERNEL_STRATEGIES if kernels else STRATEGIES)]
   if reduced:
     # torch on the CPU: a smoke test of the torch peer's code that runs on a GPU; the Pallas
     # kernel in interpret mode
@@ -302,9 +310,11 @@ def headline(name: str, cases: list[dict]) -> list[str]:
                    f"{r(c.get('ratio_vs_bound'))}, "
                    f"vs torch {r(c.get('ratio_vs_torch'))}, vs matmul "
                    f"{r(c.get('ratio_vs_matmul'))}, vs faiss {r(c.get('ratio_vs_faiss'))}"
-                   + (f"; dot + max in the kernel {c['kernel_ms']:.3f} ms (ratio_vs_bound "
+                   + (f"; group maxima alone {c['kernel_ms']:.3f} ms (ratio_vs_bound "
                       f"{r(c.get('kernel_ratio_vs_bound'))}), selection after "
                       f"{r(c.get('after_kernel_ms'))} ms" if c.get("kernel_ms") else "")
+                   + (f"; fallback_queries {c['fallback_queries']}, torch TF32 on (reference) "
+                      f"{r(c.get('torch_tf32_ms'))} ms" if "fallback_queries" in c else "")
                    + (f", same_ids_as_fp32 {c['same_ids_as_fp32']}"
                       if "same_ids_as_fp32" in c else ""))
     elif name == "stream":
@@ -346,10 +356,11 @@ def pallas_failures(records: list[dict]) -> list[str]:
 
 
 def without_pallas(cmd: list[str]) -> list[str]:
-  """A topk / mol command with its Pallas strategies dropped (`--strategies` / `--selections`)."""
+  """A topk / mol command with its Pallas strategies dropped (`--strategies` / `--selections`):
+  topk keeps the XLA scan only."""
   out = []
   for arg in cmd:
-    if arg == ",".join(STRATEGIES):
+    if out and out[-1] == "--strategies":
       arg = "xla"
     if arg != "pallas":
       out.append(arg)
@@ -357,9 +368,10 @@ def without_pallas(cmd: list[str]) -> list[str]:
 
 
 def kernel_headline(steps: dict) -> dict:
-  """The issue-42 ratios from the steps' cases: per float32 top-k case with a Pallas row (full
-  sizes: q32_d1000000_n384_k10 and q1000_d200000_n384_k10), each strategy's ms,
-  ratio_vs_bound (the read-only / compute bound), vs torch and same_ids_as_fp32, and the
+  """The issue-42 ratios from the steps' cases: per float32 top-k case with a Pallas or 3xTF32
+  row (full sizes: q32_d1000000_n384_k10 and q1000_d200000_n384_k10), each strategy's ms,
+  ratio_vs_bound (the read-only / compute bound), vs torch and same_ids_as_fp32 (3xTF32:
+  also fallback_queries and torch with TF32 on), the group maxima alone where timed, and the
   faster strategy; for MoL, each TopKAvg row's speedup over brute force and HR@100."""
   out = {}
   cases = {c.get("name"): c for c in (steps.get("topk") or {}).get("cases", [])}
@@ -375,7 +387,9 @@ def kernel_headline(steps: dict) -> dict:
           "ms", "bound_ms", "bound_limit", "bandwidth_kind", "ratio_vs_bound", "peer_torch_ms",
           "ratio_vs_torch", "same_ids_as_fp32", "explained", "tiles", "error") + (
               ("kernel_ms", "after_kernel_ms", "kernel_ratio_vs_bound")
-              if strategy == "pallas_blockmax" else ())}
+              if strategy not in ("xla", "pallas") else ()) + (
+              ("fallback_queries", "torch_tf32_ms", "ratio_vs_torch_tf32")
+              if strategy.startswith("tf32x3") else ())}
     timed = {k: v for k, v in found.items() if v.get("ms")}
     if timed:
       found["best"] = min(timed, key=lambda k: timed[k]["ms"])

@@ -275,19 +275,21 @@ _matmul_default = jax.jit(lambda p, q: jnp.matmul(p, q, precision=jax.lax.Precis
 
 
 def peak_probes() -> tuple[dict[str, Callable[[], Any]], float]:
-  """The square float32 (HIGHEST) and bf16 matmuls of `measure_peaks`, as calls a benchmark can
-  time interleaved with its own (so the peak and the case meet the same machine load):
-  ({"peak_f32": call, "peak_bf16": call}, FLOPs of one call)."""
+  """The square float32 (HIGHEST), default-precision (TF32 on GPUs) and bf16 matmuls of
+  `measure_peaks`, as calls a benchmark can time interleaved with its own (so the peak and the
+  case meet the same machine load): ({"peak_f32": call, "peak_default": call, "peak_bf16":
+  call}, FLOPs of one call)."""
   n = 2048 if jax.devices()[0].platform == "cpu" else 8192
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   b = a.astype(jnp.bfloat16)
-  return {"peak_f32": lambda: _matmul(a, a), "peak_bf16": lambda: _matmul(b, b)}, 2.0 * n ** 3
+  return {"peak_f32": lambda: _matmul(a, a), "peak_default": lambda: _matmul_default(a, a),
+          "peak_bf16": lambda: _matmul(b, b)}, 2.0 * n ** 3
 
 
 def with_interleaved_peaks(peaks: dict[str, Any], ms: dict[str, float], flops: float,
                            read_bytes: float | None = None) -> dict:
   """`peaks` with each matmul peak raised to the rate of its probe timed in `ms` (the fastest ms
-  of "peak_f32" / "peak_bf16", from `peak_probes`) where that is higher, and the read bandwidth
+  of "peak_f32" / "peak_bf16" / "peak_default", from `peak_probes`) where that is higher, and the read bandwidth
   to that of "peak_read" (`read_probe`, `read_bytes` per call): the largest rate measured, so the
   roofline bound stays a bound on a machine whose load drifts."""
   out = dict(peaks)
@@ -295,7 +297,8 @@ def with_interleaved_peaks(peaks: dict[str, Any], ms: dict[str, float], flops: f
     rate = read_bytes / ms["peak_read"] / 1e6
     out["read_gb_per_s"] = max(out.get("read_gb_per_s") or 0.0, rate)
     out["read_gb_per_s_interleaved"] = round(rate, 2)
-  for key, probe in (("f32_gflops", "peak_f32"), ("bf16_gflops", "peak_bf16")):
+  for key, probe in (("f32_gflops", "peak_f32"), ("bf16_gflops", "peak_bf16"),
+                     ("default_gflops", "peak_default")):
     if ms.get(probe):
       rate = flops / ms[probe] / 1e6
       out[key] = max(out.get(key) or 0.0, rate)
@@ -311,8 +314,10 @@ def roofline(flops: float, bytes_read: float, dtype: str, peaks: dict[str, Any])
     flops: floating-point operations the computation must do (2 per multiply-add).
     bytes_read: bytes it must read from memory (each input once, nothing counted twice).
     dtype: the precision its matmuls run at: "float32" (float32 operands, float32 products:
-      `Precision.HIGHEST`), "bfloat16" (bf16 operands, float32 accumulation) or "default"
-      (float32 operands at the backend's default precision: TF32 on GPUs).
+      `Precision.HIGHEST`), "bfloat16" (bf16 operands, float32 accumulation), "default"
+      (float32 operands at the backend's default precision: TF32 on GPUs) or "tf32x3" (three
+      default-precision passes, the 3xTF32 split: the peak is default_gflops / 3, `flops`
+      counting the float32 products as for "float32").
     peaks: `measure_peaks()` (maybe raised by `with_interleaved_peaks`); the bandwidth is its
       `read_gb_per_s` (a reduction: reads only), or its copy rate `gb_per_s` where absent.
 
@@ -320,10 +325,11 @@ def roofline(flops: float, bytes_read: float, dtype: str, peaks: dict[str, Any])
     {"bound_ms", "bound_compute_ms", "bound_memory_ms", "bound_limit" ("compute" / "memory"),
      "peak_flops" (FLOP/s), "bandwidth_gbs", "bandwidth_kind" ("read" / "copy")}.
   """
-  if dtype not in ("float32", "bfloat16", "default"):
-    raise ValueError(f"dtype must be float32, bfloat16 or default, got {dtype!r}")
-  key = {"bfloat16": "bf16_gflops", "default": "default_gflops"}.get(dtype, "f32_gflops")
-  peak = (peaks.get(key) or peaks["f32_gflops"]) * 1e9
+  if dtype not in ("float32", "bfloat16", "default", "tf32x3"):
+    raise ValueError(f"dtype must be float32, bfloat16, default or tf32x3, got {dtype!r}")
+  key = {"bfloat16": "bf16_gflops", "default": "default_gflops",
+         "tf32x3": "default_gflops"}.get(dtype, "f32_gflops")
+  peak = (peaks.get(key) or peaks["f32_gflops"]) * 1e9 / (3 if dtype == "tf32x3" else 1)
   kind = "read" if peaks.get("read_gb_per_s") else "copy"
   bandwidth = peaks["read_gb_per_s"] if kind == "read" else peaks["gb_per_s"]
   compute = flops / peak * 1e3

@@ -6,7 +6,7 @@
 #   OUT=/tmp/acc launch/accelerator_check.sh
 #   launch/accelerator_check.sh --reduced           # CPU sizes: the whole check in about 2 minutes
 #   launch/accelerator_check.sh --steps tests_device,topk
-#   launch/accelerator_check.sh --kernels --out DIR  # issue 42: kernels, read bound (<= 300 s)
+#   launch/accelerator_check.sh --kernels --out DIR  # issue 42: XLA scan + 3xTF32 (<= 300 s)
 #
 # The GPU scan sweep (benchmarks/gpu_sweep.py, about 220 s) is a separate command, not a step
 # here: the steps' limits already fill this check's budget.

@@ -59,17 +59,23 @@ def test_reduced_check_writes_one_summary_within_budget(tmp_path):
       assert case["ratio_vs_bound"] >= 1 - TOLERANCE, (name, case)
       assert case["peer_torch_ms"] is not None or case["note"], (name, case)
   topk = steps["topk"]["cases"]
-  assert [c["name"] for c in topk] == [
-      "q64_d2000_n384_k10", "pallas_q64_d2000_n384_k10", "pallas_blockmax_q64_d2000_n384_k10",
-      "bf16cand_q64_d2000_n384_k10", "bf16_q64_d2000_n384_k10", "q64_d10000_n384_k10",
-      "pallas_q64_d10000_n384_k10", "pallas_blockmax_q64_d10000_n384_k10",
-      "bf16cand_q64_d10000_n384_k10"]
+  strategies = ["", "pallas_", "pallas_blockmax_", "tf32x3_", "tf32x3_pallas_"]
+  assert [c["name"] for c in topk] == (
+      [f"{s}q64_d2000_n384_k10" for s in strategies + ["bf16cand_", "bf16_"]]
+      + [f"{s}q64_d10000_n384_k10" for s in strategies + ["bf16cand_"]])
   # the Pallas kernels (interpret mode here) beside the XLA scan: the same ids
-  pallas = [c for c in topk if c["strategy"] in ("pallas", "pallas_blockmax")]
-  assert len(pallas) == 4 and all(c["same_ids_as_fp32"] and c["tile_sweep_ms"] for c in pallas)
-  # blockmax's kernel alone, timed in the same rounds: the rest is the selection after it
-  for c in pallas[1::2]:
+  pallas = [c for c in topk if c["strategy"] != "xla"]
+  assert len(pallas) == 8 and all(c["same_ids_as_fp32"] and c["tile_sweep_ms"] for c in pallas)
+  # the group maxima alone, timed in the same rounds: the rest is the selection after them
+  for c in (c for c in pallas if c["strategy"] != "pallas"):
     assert 0 < c["kernel_ms"] and c["after_kernel_ms"] == round(c["ms"] - c["kernel_ms"], 3)
+  # 3xTF32: the fallback count, torch with TF32 on as a reference, and the bound at three
+  # passes of the default-precision peak (on the CPU that is float32: about a third of the
+  # float32 scan row's peak in the same case)
+  for c in (c for c in pallas if c["strategy"].startswith("tf32x3")):
+    scan = next(x for x in topk if x["name"] == c["name"][len(c["strategy"]) + 1:])
+    assert c["fallback_queries"] == 0 and c["torch_tf32_ms"] > 0, c
+    assert 1.5 < scan["peak_flops"] / c["peak_flops"] < 6, (scan["peak_flops"], c)
   mol = steps["mol"]["cases"]
   assert {c["strategy"] for c in mol} == {"xla", "pallas"}
   assert all(c["same_ids_as_xla"] for c in mol if c["strategy"] == "pallas")
@@ -78,8 +84,9 @@ def test_reduced_check_writes_one_summary_within_budget(tmp_path):
   # the issue-42 headline: both top-k cases with both strategies, TopKAvg per selection
   kernels = summary["kernels"]
   assert set(kernels) == {"q64_d2000_n384_k10", "q64_d10000_n384_k10", "mol_topkavg"}
-  assert set(kernels["q64_d10000_n384_k10"]) == {"xla", "pallas", "pallas_blockmax", "best"}
+  assert set(kernels["q64_d10000_n384_k10"]) == set(accelerator_check.STRATEGIES) | {"best"}
   assert kernels["q64_d10000_n384_k10"]["pallas_blockmax"]["kernel_ms"] > 0
+  assert kernels["q64_d10000_n384_k10"]["tf32x3_pallas"]["fallback_queries"] == 0
   assert {r["strategy"] for r in kernels["mol_topkavg"]} == {"xla", "pallas"}
   # the torch peer ran (on the CPU here) and returned in every top-k case
   assert all(c["peer_torch_ms"] > 0 and c["torch_setting"]["chunk"] > 0 for c in topk)
@@ -97,9 +104,10 @@ def test_a_crashed_kernel_test_drops_the_kernels_from_the_benchmarks():
   assert not accelerator_check.pallas_failures(
       [{"name": "tests_device", "failed_tests": ["tests/retrieval/test_pallas_topk.py::t"],
         "crashed_tests": []}])
-  assert accelerator_check.without_pallas(
-      ["py", "topk.py", "--strategies", "xla,pallas,pallas_blockmax", "--repeats", "5"]) == \
-      ["py", "topk.py", "--strategies", "xla", "--repeats", "5"]
+  for strategies in ("xla,pallas,pallas_blockmax", "xla,tf32x3,tf32x3_pallas"):
+    assert accelerator_check.without_pallas(
+        ["py", "topk.py", "--strategies", strategies, "--repeats", "5"]) == \
+        ["py", "topk.py", "--strategies", "xla", "--repeats", "5"]
   assert accelerator_check.without_pallas(
       ["py", "mol_topk.py", "--selections", "xla", "pallas", "--items", "5"]) == \
       ["py", "mol_topk.py", "--selections", "xla", "--items", "5"]
@@ -110,12 +118,18 @@ def test_every_tile_config_parses_and_fits_shared_memory():
   # compiled configs stay in
   assert topk.shared_bytes(topk.parse_tiles("32.128.16.4.2", 384)) + 16 == 245_776
   assert topk.shared_bytes(topk.parse_tiles("64.64.32.4.2", 384)) <= topk.SHARED_BYTES
-  configs = [c for sweep in topk.TILE_SWEEP.values() for group in sweep.values() for c in group]
-  for cfg in configs:
-    t = topk.parse_tiles(cfg, 384)
+  configs = [(name, c) for name, sweep in topk.TILE_SWEEP.items() if name != "tf32x3"
+             for group in sweep.values() for c in group]
+  for name, cfg in configs:  # the Pallas kernels' configs (3xTF32: twice the operands)
+    t = topk.parse_tiles(cfg, 384, tf32x3=name == "tf32x3_pallas")
     assert topk.shared_bytes(t) <= topk.SHARED_BYTES, cfg
     assert t.td % t.group == 0 and t.tq >= 16 and t.wk <= 128, cfg
-  assert any(topk.parse_tiles(c, 384).num_warps == 8 for c in configs)
+  assert topk.shared_bytes(topk.parse_tiles("64.64.16.4.2.g16", 384, tf32x3=True)) == \
+      2 * topk.shared_bytes(topk.parse_tiles("64.64.16.4.2.g16", 384))
+  # the XLA 3xTF32 configs name the group only
+  assert [topk.parse_tiles(c, 384).group for c in topk.TILE_SWEEP["tf32x3"]["few"]] == \
+      [32, 64, 128]
+  assert any(topk.parse_tiles(c, 384).num_warps == 8 for _, c in configs)
   t = topk.parse_tiles("32.128.16.8.2.wk64.g32.insert", 384)
   assert (t.wk, t.group, t.num_warps, t.insert, t.skip) == (64, 32, 8, True, True)
   assert topk.parse_tiles("32.64.32.4.2", 40).wk == 64  # the width's power of two, <= 128

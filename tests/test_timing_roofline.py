@@ -28,6 +28,18 @@ def test_compute_bound_takes_the_peak_of_the_precision(dtype, gflops):
   assert b["bound_ms"] == max(b["bound_compute_ms"], b["bound_memory_ms"])
 
 
+def test_tf32x3_runs_three_passes_at_the_tf32_peak():
+  # 1,000 x 200k x 384 by 3xTF32: 1.536e11 float32-product FLOPs as three TF32 passes at
+  # 400 TFLOP/s = 1.152 ms, not the float32 peak's 3.072 ms; 32 x 1M stays memory-bound
+  b = timing.roofline(1.536e11, 3.072e8, "tf32x3", PEAKS)
+  assert b["bound_compute_ms"] == pytest.approx(1.152) and b["bound_limit"] == "compute"
+  assert b["peak_flops"] == pytest.approx(400e12 / 3, rel=1e-6)
+  b = timing.roofline(2.4576e10, 1.536e9, "tf32x3", PEAKS)
+  assert b["bound_ms"] == pytest.approx(0.384) and b["bound_limit"] == "memory"
+  out = timing.with_interleaved_peaks(PEAKS, {"peak_default": 2.0}, 1e12)
+  assert out["default_gflops"] == pytest.approx(500_000.0)  # faster than at the start: raised
+
+
 def test_copy_rate_only_without_a_read_probe_and_bad_dtype():
   peaks = {k: v for k, v in PEAKS.items() if k != "read_gb_per_s"}
   b = timing.roofline(0.0, 3e9, "float32", peaks)

@@ -59,7 +59,6 @@ from bilinear_ir import lowrank
 from bilinear_ir.errors import input_error
 from bilinear_ir.retrieval import exact
 
-UNIT_ROUNDOFF = 2.0 ** -24  # float32
 BF16_UNIT_ROUNDOFF = 2.0 ** -9
 RESCORE_BYTES = 1 << 26     # [query tile, M, n] float32 gathered docs per rescoring step
 
@@ -106,10 +105,6 @@ class CertifiedTopK(NamedTuple):
   scanned: int
 
 
-def _gamma(m: int) -> float:
-  return m * UNIT_ROUNDOFF / (1.0 - m * UNIT_ROUNDOFF)
-
-
 def build_certified(W, docs, rank: int, *, safety: float = 2.0) -> CertifiedIndex:
   """Factors W, bounds the error, and builds the width-(r+1) doc table.
 
@@ -136,7 +131,7 @@ def build_certified(W, docs, rank: int, *, safety: float = 2.0) -> CertifiedInde
   residual = float(np.linalg.norm(W64 - P64 @ Q64.T, 2))
   abs_pq = float(np.linalg.norm(np.abs(P64) @ np.abs(Q64).T, 2)) if rank else 0.0
   abs_w = float(np.linalg.norm(np.abs(W64), 2))
-  slack = safety * _gamma(2 * n + rank + 2) * (abs_pq + abs_w)
+  slack = safety * exact.gamma(2 * n + rank + 2) * (abs_pq + abs_w)
   docs = jnp.asarray(docs, jnp.float32)
   doc_table = _doc_table(docs, Q)
   sigma = float(np.linalg.svd(W64, compute_uv=False)[rank]) if rank < n else 0.0
@@ -213,11 +208,8 @@ def _certify(scan_q, scan_d, full_q, full_d, k: int, *, cutoff=None, slack=None,
   cut = None if cutoff is None else np.asarray(cutoff, np.float32)
   scanned = 0
 
-  def padded(rows: np.ndarray) -> np.ndarray:
-    """rows [n] padded (repeating rows[0]) to a power of two >= 8, at most B: the scans and the
-    rescoring compile once per size class, not once per count of open or settled queries."""
-    size = min(b, max(8, 1 << (rows.size - 1).bit_length()))
-    return np.concatenate([rows, np.full(size - rows.size, rows[0], rows.dtype)])
+  # the scans and the rescoring compile once per size class of open or settled queries
+  padded = functools.partial(exact.pad_rows, limit=b)
 
   def settle(rows: np.ndarray, m: int) -> np.ndarray:
     """Scans rows' top-m, rescores the settled ones; returns the rows left open."""
@@ -324,7 +316,7 @@ def bf16_relative_bound(width: int, safety: float = 1.1) -> float:
   sum|q_i d_i| <= |q| |d|: c = safety * (2 u_b + u_b^2 + 2.01 gamma_w); safety (1.1) covers the
   float32 rounding of the bound itself and flushed subnormals (absolute errors below 2^-126).
   """
-  return safety * (2 * BF16_UNIT_ROUNDOFF + BF16_UNIT_ROUNDOFF ** 2 + 2.01 * _gamma(width))
+  return safety * (2 * BF16_UNIT_ROUNDOFF + BF16_UNIT_ROUNDOFF ** 2 + 2.01 * exact.gamma(width))
 
 
 def bf16_table(doc_table) -> tuple[jax.Array, float]:

@@ -40,7 +40,11 @@ Strategies (`topk(strategy=...)`, `default_strategy`): "xla", the chunked scan a
 `fused_topk`, a fused scan-and-select kernel (`pallas_topk`) that streams the doc table once and
 writes only each doc block's k best per query, merged here: the same exact float32 result;
 "pallas_blockmax", `blockmax_topk`: a Pallas kernel that writes only each query's maximum over
-each group of G docs, then the block logic above in XLA (the k best groups, their docs rescored).
+each group of G docs, then the block logic above in XLA (the k best groups, their docs rescored);
+"tf32x3" / "tf32x3_pallas", `tf32x3_topk`: the group maxima from 3xTF32 tensor-core arithmetic
+(XLA's `DotAlgorithmPreset.TF32_TF32_F32_X3`, or the Pallas kernel's own split), the m best
+groups rescored in float32 and a certificate per query (`tf32x3_relative_bound`); the queries it
+does not certify are redone by the "xla" scan, so the result is the same exact float32 top-k.
 """
 from __future__ import annotations
 
@@ -65,7 +69,13 @@ DEFAULT_QUERY_CHUNK = 1024  # queries per scan
 MAX_BLOCK = 32              # largest block of docs summarised by its maximum
 ARGMAX_MAX_K = 16           # GPUs: k up to this selects by k argmax passes (`selection`)
 SELECTIONS = ("top_k", "argmax")  # how the scan picks its k best blocks and docs (`selection`)
-STRATEGIES = ("xla", "pallas", "pallas_blockmax")  # the XLA scan or a Pallas kernel (`strategy`)
+# the XLA scan, a Pallas kernel, or 3xTF32 group maxima + a certificate (`strategy`)
+TF32X3_STRATEGIES = ("tf32x3", "tf32x3_pallas")  # `tf32x3_topk` by XLA / by the Pallas kernel
+STRATEGIES = ("xla", "pallas", "pallas_blockmax") + TF32X3_STRATEGIES
+UNIT_ROUNDOFF = 2.0 ** -24  # float32, round to nearest
+TF32X3_SPLIT_ERROR = 3 * 2.0 ** -20 + 2.0 ** -40  # per product, relative (`tf32x3_relative_bound`)
+TF32X3_SAFETY = 8.0         # on the tensor cores' accumulation error (`tf32x3_relative_bound`)
+TF32X3_GROUPS_PER_K = 2     # `tf32x3_topk` rescores the 2k best groups by default
 PRECISION = lax.Precision.HIGHEST  # float32 score matmuls on every backend (module docstring)
 NO_DOC = np.iinfo(np.int32).max  # id of a padding slot (only returned when fewer than k docs)
 
@@ -171,11 +181,14 @@ def default_selection(k: int, platform: str | None = None) -> str:
 
 
 def default_strategy(k: int, platform: str | None = None) -> str:
-  """Which scan `topk` runs, per device: "xla" (`scan_topk`) or "pallas" (`fused_topk`: the
-  fused scan-and-select kernel, `pallas_topk.block_candidates`, + `merge`; the same result).
+  """Which scan `topk` runs, per device: one of STRATEGIES, each the same exact float32 result.
 
-  "xla" on every device until the Pallas kernel is measured faster on one (it is compiled only
-  for GPUs; on a CPU it runs in Pallas interpret mode, for tests only).
+  "xla" on every device until another is measured faster on one: the Pallas kernels are
+  compiled only for GPUs (interpret mode elsewhere, for tests only) and the 3xTF32 strategies
+  ("tf32x3", "tf32x3_pallas") pay only on tensor cores (elsewhere their split is emulated in
+  float32). Once `benchmarks/topk.py --strategies xla,tf32x3,tf32x3_pallas` shows one faster on
+  a GPU at both issue-42 cases with `same_ids_as_fp32`, the change is one line here:
+  `return "tf32x3" if (platform or jax.default_backend()) == "gpu" else "xla"`.
 
   Args:
     k: results per query.
@@ -240,11 +253,196 @@ def blockmax_topk(qt: jax.Array, dt: jax.Array, k: int, tiles: pallas_topk.Tiles
   if maxima.shape[1] < k:  # fewer groups than k: empty groups past N
     maxima = jnp.pad(maxima, ((0, 0), (0, k - maxima.shape[1])), constant_values=-jnp.inf)
   top, blocks = _select(maxima, k, selection)  # ties: the lower group id
-  rows = blocks[:, :, None] * g + jnp.arange(g, dtype=jnp.int32)  # [B, k, G]
-  docs = dt[jnp.minimum(rows, n - 1)].astype(jnp.float32)  # [B, k, G, w], fused below
+  return _rescore_groups(qt, dt, top, blocks, g, k, id_offset, selection)
+
+
+def _rescore_groups(qt, dt, top, blocks, g: int, k: int, id_offset, selection: str) -> TopK:
+  """The k best docs of the chosen groups, rescored exactly: qt [B, w], dt [N, w], top [B, m]
+  (the groups' maxima), blocks [B, m] group ids (m >= k; ids past N's groups score -inf) ->
+  TopK [B, k] by (score desc, id asc), slots past N -inf / NO_DOC.
+
+  Float32 products and sums (elementwise, not a dot: no backend runs them at TF32 or bf16),
+  the gather fused into the reduction: m G w reads per query, no [B, m G, w] copy.
+  """
+  n = dt.shape[0]
+  rows = blocks[:, :, None] * g + jnp.arange(g, dtype=jnp.int32)  # [B, m, G]
+  docs = dt[jnp.minimum(rows, n - 1)].astype(jnp.float32)  # [B, m, G, w], fused below
   scores = jnp.sum(docs * qt.astype(dt.dtype).astype(jnp.float32)[:, None, None, :], axis=-1)
   scores = jnp.where(rows < n, scores, -jnp.inf)
   return _finish(_State(top, scores, blocks.astype(jnp.int32)), k, n, id_offset, selection)
+
+
+def gamma(m: int) -> float:
+  """gamma_m = m u / (1 - m u), u = 2^-24: a float32 sum of m terms in any order, rounded to
+  nearest, errs by at most gamma_m times the sum of their absolute values (Higham, Accuracy and
+  Stability of Numerical Algorithms, section 3.1)."""
+  return m * UNIT_ROUNDOFF / (1.0 - m * UNIT_ROUNDOFF)
+
+
+def tf32x3_relative_bound(width: int, safety: float = TF32X3_SAFETY) -> float:
+  """c with |s_3xTF32 - s_f32| <= c |q| |d| for tables of width w: the 3xTF32 score (either
+  implementation of `tf32x3_topk`) against the float32 score in any summation order.
+
+  What is computed: each q_i = qh + ql + rq with qh, ql TF32 (`pallas_topk.split_tf32`
+  truncates: |q_i - qh| < 2^-10 |q_i|, |rq| < 2^-10 |q_i - qh| < 2^-20 |q_i|; XLA's split
+  rounds, within the same bounds), the same for d_i, and the score sums qh dh + qh dl + ql dh,
+  dropping ql dl. Per product the error is ql dl + (qh + ql) rd + rq (dh + dl) + rq rd, so
+  below (3 2^-20 + 2^-40) |q_i d_i| (`TF32X3_SPLIT_ERROR`). The three products of TF32 values
+  (11 significant bits each) are exact in float32, so the score is a sum of 3w exact terms with
+  sum |terms| <= (1 + 2^-9) sum |q_i d_i|.
+  Accumulation: IEEE float32, rounded to nearest, in any order, errs by gamma_3w times that.
+  Hopper's tensor cores do not round to nearest, and NVIDIA does not document their adder:
+  measurements of earlier ones (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA
+  tensor cores", PeerJ Computer Science 2021) find a block of p = 4 to 8 products and the
+  accumulator aligned to the largest exponent and truncated, no normalisation between them:
+  per block up to (p + 2) units of 2^-23 times the largest addend, i.e. at most
+  2 (1 + 2 / p) <= 3 times gamma_3w over the whole sum. `safety` (8) multiplies gamma_3w: the
+  model's 3 and a margin of 2.6 for what is undocumented (fewer guard bits, another block size).
+  The float32 reference (the rescoring, the "xla" scan, the brute force: any order) errs by at
+  most gamma_w sum |q_i d_i|. With sum |q_i d_i| <= |q| |d| (Cauchy-Schwarz):
+
+    c = 1.1 (3 2^-20 + 2^-40 + safety (1 + 2^-9) gamma_3w + gamma_w),
+
+  the 1.1 covering the float32 rounding of the bound itself (|q|, max|d| and the certificate's
+  sum, each within a few units of 2^-24 of c, which is > 2^-18) and flushed subnormals
+  (absolute errors below 2^-126 a product). w = 384: c = 6.3e-4, about 0.24 for two standard
+  normal vectors (|q| |d| ~ 384). The float64 twin in the tests checks it on inputs of a wide
+  dynamic range, on the tensor cores where a GPU is lent.
+  """
+  return 1.1 * (TF32X3_SPLIT_ERROR + safety * (1 + 2.0 ** -9) * gamma(3 * width) + gamma(width))
+
+
+def tf32x3_group_maxima(qt: jax.Array, dt: jax.Array, group: int, emulate: bool) -> jax.Array:
+  """Each query's maximum 3xTF32 score over each group of `group` docs, in XLA (traceable):
+  qt [B, w], dt [N, w] float32 -> [B, ceil(N / G)] float32 (the last group's missing docs -inf).
+
+  On a GPU (`emulate` False) one `lax.dot_general` at `DotAlgorithmPreset.TF32_TF32_F32_X3`
+  (XLA splits both operands and runs three TF32 passes on tensor cores; XLA:CPU rejects the
+  preset); with `emulate`, `pallas_topk.tf32x3_dot` at float32 precision: the same split and
+  products (exact in float32), float32 sums. The scores are taken in doc chunks whose [B, chunk]
+  block stays within ACCEL_SCORE_BYTES, each reduced to its groups' maxima.
+  """
+  b, n = qt.shape[0], dt.shape[0]
+  rows = max(group, ACCEL_SCORE_BYTES // (4 * max(1, b)) // group * group)
+  parts = []
+  for start in range(0, n, rows):
+    part = dt[start:start + rows]
+    if emulate:
+      s = pallas_topk.tf32x3_dot(qt, part, precision=PRECISION)
+    else:
+      s = lax.dot_general(qt, part, (((1,), (1,)), ((), ())),
+                          precision=lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+                          preferred_element_type=jnp.float32)
+    pad = -part.shape[0] % group
+    if pad:
+      s = jnp.pad(s, ((0, 0), (0, pad)), constant_values=-jnp.inf)
+    parts.append(jnp.max(s.reshape(b, -1, group), axis=2))
+  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "tiles", "groups", "pallas", "interpret",
+                                             "selection"))
+def _tf32x3_certified(qt, dt, k, tiles, scale, groups, pallas, interpret, selection, id_offset,
+                      slack=None, perturb=None) -> tuple[TopK, jax.Array]:
+  """The traceable core of `tf32x3_topk`: (TopK [B, k], certified [B] bool).
+
+  Approximate group maxima (3xTF32; `perturb` [B, ceil(N / G)] is added to them: the tests'
+  hook for an error beyond the bound), the groups + 1 best by (max desc, group id asc), the
+  first `groups` rescored (`_rescore_groups`); a query is certified when the next group's
+  approximate maximum plus its slack [B] is strictly below its k-th exact score, or when no
+  group is left. Strict: an equal sum could hide a doc of that group tying the k-th score with
+  a lower id. The slack is `slack` [B], or None: `scale` (c max|d|) times each query's norm.
+  """
+  g = tiles.group
+  if slack is None:
+    slack = scale * jnp.linalg.norm(qt, axis=1)
+  if pallas:
+    maxima = pallas_topk.group_maxima(qt, dt, tiles._replace(tf32x3=True), interpret)
+  else:
+    maxima = tf32x3_group_maxima(qt, dt, g, interpret)
+  if perturb is not None:
+    maxima = maxima.at[:, :perturb.shape[1]].add(perturb)
+  if maxima.shape[1] < groups + 1:  # fewer groups than needed: empty groups past N
+    maxima = jnp.pad(maxima, ((0, 0), (0, groups + 1 - maxima.shape[1])),
+                     constant_values=-jnp.inf)
+  top, blocks = _select(maxima, groups + 1, selection)  # ties: the lower group id
+  res = _rescore_groups(qt, dt, top[:, :groups], blocks[:, :groups], g, k, id_offset, selection)
+  nxt = top[:, groups]
+  certified = (nxt == -jnp.inf) | (nxt + slack < res.scores[:, k - 1])
+  return res, certified
+
+
+def pad_rows(rows: np.ndarray, limit: int) -> np.ndarray:
+  """rows [n] (n >= 1) padded by repeating rows[0] to a power of two >= 8, at most `limit`: a
+  computation over a subset of queries compiles once per size class, not once per count."""
+  size = min(limit, max(8, 1 << (rows.size - 1).bit_length()))
+  return np.concatenate([rows, np.full(size - rows.size, rows[0], rows.dtype)])
+
+
+def max_doc_norm(doc_table) -> float:
+  """The largest row norm of a doc table, dt [N, w] -> float (one read of the table: compute it
+  once per table, as an index, and pass it to `tf32x3_topk`)."""
+  return float(jnp.max(jnp.linalg.norm(jnp.asarray(doc_table, jnp.float32), axis=1)))
+
+
+def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, pallas: bool = False,
+                groups: int | None = None, doc_norm: float | None = None, id_offset: int = 0,
+                selection: str | None = None, slack=None, perturb=None
+                ) -> tuple[TopK, int]:
+  """Exact float32 top-k from 3xTF32 group maxima and a certificate: qt [B, w], dt [N, w]
+  float32 -> (TopK [B, k], the number of queries that fell back to the float32 scan).
+
+  1. Each query's maximum over each group of G = `tiles.group` docs, approximated by 3xTF32 on
+     tensor cores (`pallas`: the Pallas kernel, `pallas_topk.group_maxima` with `tf32x3`; else
+     XLA, `tf32x3_group_maxima`): |approx - float32| <= e = c |q| max|d| for every doc, c =
+     `tf32x3_relative_bound(w)`.
+  2. The m = `groups` best groups by approximate maximum (ties: the lower group id) are rescored
+     in float32 (`_rescore_groups`): their k best docs by (score desc, id asc).
+  3. Certificate: every doc outside them has a float32 score <= its group's approximate max + e
+     <= M, the (m + 1)-th approximate group maximum, + e. When M + e < the k-th rescored score
+     (strictly), no outside doc can enter the top-k or tie its k-th score with a lower id: the
+     result is the float32 brute force's. The other queries are redone by the "xla" scan
+     (`scan_topk`, in size classes of `pad_rows`).
+  m defaults to 2k: the gap between the k-th and the 2k+1-th group maxima is much wider than
+  e, where the gap after the k-th alone often is not. Measured (the CPU emulation, 64 standard
+  normal queries x 200k docs x 384, k = 10, e about 0.29, G = 16, 64 or 128): m = 10 sent 23
+  of the 64 queries to the scan, m = 15 and m = 20 none.
+
+  Args:
+    qt: [B, w]; dt: [N, w] (float32); k: results per query (k > N: -inf / NO_DOC slots).
+    tiles: `pallas_topk.Tiles` (None: `pallas_topk.default_tiles(B, w)`; XLA uses its group).
+    pallas: the Pallas kernel ("tf32x3_pallas") rather than XLA ("tf32x3").
+    groups: m >= k groups rescored (None: TF32X3_GROUPS_PER_K k).
+    doc_norm: max|d| of the table (`max_doc_norm`; None: computed here, one more table read).
+    id_offset: added to every real id.
+    selection: how the best groups and docs are picked (None: `default_selection(k)`).
+    slack: [B] or scalar e per query instead of c |q| max|d| (tests), perturb: [B, ceil(N / G)]
+      added to the approximate maxima (tests: an error beyond the bound).
+  """
+  qt, dt = jnp.asarray(qt, jnp.float32), jnp.asarray(dt, jnp.float32)
+  b = qt.shape[0]
+  tiles = pallas_topk.default_tiles(*qt.shape) if tiles is None else tiles
+  groups = TF32X3_GROUPS_PER_K * k if groups is None else groups
+  if groups < k:
+    raise input_error(f"must be >= k = {k}, got {groups}", file="retrieval", field="groups")
+  selection = default_selection(k) if selection is None else selection
+  scale = 0.0
+  if slack is None:
+    doc_norm = max_doc_norm(dt) if doc_norm is None else doc_norm
+    scale = tf32x3_relative_bound(qt.shape[1]) * doc_norm
+  else:
+    slack = jnp.broadcast_to(jnp.asarray(slack, jnp.float32), (b,))
+  res, ok = _tf32x3_certified(qt, dt, k, tiles, jnp.float32(scale), groups, pallas,
+                              pallas_topk.interpret_default(), selection, jnp.int32(id_offset),
+                              slack, None if perturb is None else jnp.asarray(perturb,
+                                                                              jnp.float32))
+  failed = np.flatnonzero(~np.asarray(ok))
+  if failed.size:
+    p = pad_rows(failed, b)
+    redo = _topk_jit(qt[p], dt, None, k, None, None, jnp.int32(id_offset))
+    res = TopK(res.scores.at[failed].set(redo.scores[:failed.size]),
+               res.ids.at[failed].set(redo.ids[:failed.size]))
+  return res, int(failed.size)
 
 
 def argmax_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -476,12 +674,12 @@ def block_top_k(scores: jax.Array, k: int, block: int) -> TopK:
 
 
 def _finish(state: _State, k: int, n: int, id_offset, selection: str = "top_k") -> TopK:
-  """The k best docs of the k best blocks: sorts blocks by id, then one top-k of k * g."""
+  """The k best docs of the m >= k kept blocks: sorts blocks by id, then one top-k of m * g."""
   b, _, g = state.scores.shape
   order = jnp.argsort(state.blocks, axis=1)
   blocks = jnp.take_along_axis(state.blocks, order, axis=1)
-  scores = jnp.take_along_axis(state.scores, order[:, :, None], axis=1).reshape(b, k * g)
-  rows = (blocks[:, :, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(b, k * g)
+  scores = jnp.take_along_axis(state.scores, order[:, :, None], axis=1).reshape(b, -1)
+  rows = (blocks[:, :, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(b, -1)
   top, pos = _select(scores, k, selection)
   rows = jnp.take_along_axis(rows, pos, axis=1)
   real = (jnp.take_along_axis(jnp.repeat(blocks, g, axis=1), pos, axis=1) != NO_DOC) & (rows < n)
@@ -519,9 +717,11 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     query_chunk: queries per scan (queries are tiled; the last tile is padded, not recompiled).
     id_offset: added to every returned id.
     row_valid: None or [N] bool; False rows are never returned (they must leave >= k rows).
-    strategy: "xla" (the chunked scan), "pallas" (the fused kernel, `fused_topk`) or
-      "pallas_blockmax" (group maxima by a kernel, `blockmax_topk`); chunk, block, unroll and
-      row_valid apply to "xla" only (None: `default_strategy`).
+    strategy: "xla" (the chunked scan), "pallas" (the fused kernel, `fused_topk`),
+      "pallas_blockmax" (group maxima by a kernel, `blockmax_topk`) or "tf32x3" /
+      "tf32x3_pallas" (3xTF32 group maxima + a certificate, `tf32x3_topk`, which computes the
+      table's max|d| once per call); chunk, block, unroll and row_valid apply to "xla" only
+      (None: `default_strategy`).
     tiles: the Pallas kernel's `pallas_topk.Tiles` (None: `pallas_topk.default_tiles`).
 
   Returns:
@@ -545,6 +745,7 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
                       f"{strategy!r}", file="retrieval", field="strategy")
   qt = jnp.asarray(query_table)
   dt = jnp.asarray(doc_table)
+  norm = max_doc_norm(dt) if strategy in TF32X3_STRATEGIES else None
   parts = []
   for start in range(0, qt.shape[0], query_chunk):
     tile = qt[start:start + query_chunk]
@@ -557,6 +758,9 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     elif strategy == "pallas_blockmax":
       res = _blockmax_jit(tile, dt, k, tiles, jnp.int32(id_offset),
                           pallas_topk.interpret_default(), selection)
+    elif strategy in TF32X3_STRATEGIES:
+      res, _ = tf32x3_topk(tile, dt, k, tiles, pallas=strategy == "tf32x3_pallas",
+                           doc_norm=norm, id_offset=id_offset, selection=selection)
     else:
       res = _topk_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset), unroll,
                       selection)

@@ -18,7 +18,13 @@ merges them (`exact.merge`, by (score desc, id asc)), so the result is the exact
 
 `group_maxima` (the `blockmax` kernel, `exact.topk(strategy="pallas_blockmax")`): the same grid
 and scores, but no running top-k: per step it writes each query's maximum over each group of G
-docs ([B, N / G] float32 reach memory); `exact.blockmax_topk` selects and rescores in XLA.
+docs ([B, N / G] float32 reach memory); `exact.blockmax_topk` selects and rescores in XLA. With
+`Tiles.tf32x3` its scores are the 3xTF32 approximation on tensor cores (`split_tf32`: each
+operand split into two TF32 parts, three TF32 dots with float32 accumulation, the lo.lo product
+dropped), whose error `exact.tf32x3_relative_bound` bounds; `exact.tf32x3_topk` certifies the
+result with it (strategy "tf32x3_pallas"). A group of a whole step (G = td) is a plain row
+maximum, without the [tq, td / G, G] reshape (whose layout change asks Triton for about 3x the
+shared memory).
 
 `select_top_n` (the MoL top-N selection, `mol_topk.avg_top_n(strategy="pallas")`): per row of
 a [B, M] score matrix, the exact key of the n-th largest entry (`top_n_threshold`: a radix search
@@ -47,6 +53,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 PRECISION = lax.Precision.HIGHEST  # float32 products and sums ("ieee" in Triton), never TF32
+TF32_PRECISION = lax.Precision.DEFAULT  # the 3xTF32 dots: TF32 inputs ("tf32" in Triton)
+TF32_MASK = np.int32(-(1 << 13))  # 0xFFFFE000: keeps the sign, exponent, 10 mantissa bits
 
 
 class Tiles(NamedTuple):
@@ -64,6 +72,8 @@ class Tiles(NamedTuple):
     skip: with k passes, skip a step whose scores are all below each query's k-th best.
     group: docs per group of `group_maxima` (a power of two dividing td; unused by
       `block_candidates`).
+    tf32x3: `group_maxima` scores by three TF32 dots of the split operands (`split_tf32`) on
+      tensor cores instead of one IEEE float32 dot (unused by `block_candidates`).
   """
   tq: int = 32
   td: int = 64
@@ -74,6 +84,7 @@ class Tiles(NamedTuple):
   skip: bool = True
   group: int = 16
   insert: bool = False
+  tf32x3: bool = False
 
 
 def next_pow2(x: int) -> int:
@@ -89,6 +100,36 @@ def default_tiles(batch: int, width: int) -> Tiles:
 def interpret_default() -> bool:
   """Interpret mode (no GPU compiler) unless jax's default backend is a GPU."""
   return jax.default_backend() != "gpu"
+
+
+def split_tf32(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The 3xTF32 split of float32 x: (hi, lo), both exact TF32 values (11 significant bits).
+
+  hi is x with its low 13 mantissa bits cleared (truncation toward zero: |x - hi| < 2^-10 |x|);
+  x - hi is exact in float32 and lo is it truncated the same way (|x - hi - lo| < 2^-10
+  |x - hi| < 2^-20 |x|). Products of two TF32 values (22 bits) are exact in float32, so a
+  tensor core multiplies hi and lo without error whether it rounds or truncates its inputs.
+  Works inside a Pallas kernel and in XLA. x [...] -> ([...], [...]) float32.
+  """
+  mask = lambda v: lax.bitcast_convert_type(
+      lax.bitcast_convert_type(v, jnp.int32) & TF32_MASK, jnp.float32)
+  hi = mask(x)
+  return hi, mask(x - hi)
+
+
+def tf32x3_dot(a: jax.Array, b: jax.Array, acc: jax.Array | None = None,
+               precision=TF32_PRECISION) -> jax.Array:
+  """acc + a [M, w] . b [N, w]^T -> [M, N] float32 by 3xTF32: hi.lo, lo.hi, then hi.hi of
+  `split_tf32` (the small terms first), each a dot at `precision` (TF32 on a GPU; exact
+  float32 products of the TF32 parts anywhere) added to the running float32 sum (in a kernel,
+  Triton may fold each add into its dot's accumulator: the bound allows either). acc: [M, N]
+  float32 or None (zeros)."""
+  (ah, al), (bh, bl) = split_tf32(a), split_tf32(b)
+  for x, y in ((ah, bl), (al, bh), (ah, bh)):
+    part = lax.dot_general(x, y, (((1,), (1,)), ((), ())), precision=precision,
+                           preferred_element_type=jnp.float32)
+    acc = part if acc is None else acc + part
+  return acc
 
 
 def _merge_step(vals, ids, s, sid, k: int, no_doc: int):
@@ -165,8 +206,11 @@ def _step_scores(q_ref, d_ref, qi, start, *, b: int, n: int, w: int, tiles: Tile
                     mask=(q_rows < b)[:, None] & (cols < w)[None, :], other=0.0)
     dc = plgpu.load(d_ref.at[pl.ds(start, td), pl.ds(zero + c * wk, wk)],
                     mask=ok[:, None] & (cols < w)[None, :], other=0.0)
-    s = s + lax.dot_general(qc.astype(dc.dtype), dc, (((1,), (1,)), ((), ())),
-                            precision=PRECISION, preferred_element_type=jnp.float32)
+    if tiles.tf32x3:  # three TF32 dots on tensor cores (float32 tables only)
+      s = tf32x3_dot(qc, dc, s)
+    else:
+      s = s + lax.dot_general(qc.astype(dc.dtype), dc, (((1,), (1,)), ((), ())),
+                              precision=PRECISION, preferred_element_type=jnp.float32)
   return jnp.where(ok[None, :], s, -jnp.inf), ok, rows
 
 
@@ -205,8 +249,8 @@ def _scan_select_kernel(q_ref, d_ref, v_ref, i_ref, *, b: int, n: int, w: int, k
 def _group_max_kernel(q_ref, d_ref, o_ref, *, b: int, n: int, w: int, tiles: Tiles):
   """Program (i, j): queries [i tq, (i + 1) tq) x docs [j td steps, (j + 1) td steps); per
   step, each query's maximum over each group of `tiles.group` docs, stored at the groups'
-  columns (group c holds docs [c G, (c + 1) G)). No running state: one dot and one max per
-  step."""
+  columns (group c holds docs [c G, (c + 1) G)). No running state: one dot (three with
+  `tf32x3`) and one max per step; G = td is a row maximum (no reshape)."""
   tq, td, g = tiles.tq, tiles.td, tiles.group
   per = td // g
   qi, bj = pl.program_id(0), pl.program_id(1)
@@ -214,7 +258,10 @@ def _group_max_kernel(q_ref, d_ref, o_ref, *, b: int, n: int, w: int, tiles: Til
   def step(t, carry):
     s, _, _ = _step_scores(q_ref, d_ref, qi, (bj * tiles.steps + t) * td, b=b, n=n, w=w,
                            tiles=tiles)
-    gmax = jnp.max(s.reshape(tq, per, g), axis=2)  # [tq, per]
+    if per == 1:  # one group per step: a row maximum, no layout change
+      gmax = jnp.max(s, axis=1, keepdims=True)  # [tq, 1]
+    else:
+      gmax = jnp.max(s.reshape(tq, per, g), axis=2)  # [tq, per]
     o_ref[pl.ds(qi * tq, tq), pl.ds((bj * tiles.steps + t) * per, per)] = gmax
     return carry
 
@@ -239,10 +286,12 @@ def _params(tiles: Tiles, interpret: bool):
 def group_maxima(qt: jax.Array, dt: jax.Array, tiles: Tiles, interpret: bool = False
                  ) -> jax.Array:
   """Each query's maximum score over each group of G = `tiles.group` consecutive docs (the
-  `blockmax` kernel: one pass over the table, float32 scores as `block_candidates`).
+  `blockmax` kernel: one pass over the table, float32 scores as `block_candidates`, or with
+  `tiles.tf32x3` the 3xTF32 scores of `tf32x3_dot`).
 
   Args:
-    qt: [B, w] float32; dt: [N, w] float32 or bfloat16; tiles: `Tiles` (group divides td).
+    qt: [B, w] float32; dt: [N, w] float32 or bfloat16 (float32 with tf32x3); tiles: `Tiles`
+      (group divides td).
     interpret: Pallas interpret mode (CPU).
 
   Returns:
@@ -253,6 +302,8 @@ def group_maxima(qt: jax.Array, dt: jax.Array, tiles: Tiles, interpret: bool = F
   n = dt.shape[0]
   if tiles.td % tiles.group:
     raise ValueError(f"the group ({tiles.group}) must divide td ({tiles.td})")
+  if tiles.tf32x3 and (qt.dtype != jnp.float32 or dt.dtype != jnp.float32):
+    raise ValueError(f"the 3xTF32 split needs float32 tables, got {qt.dtype}, {dt.dtype}")
   _check_offsets(b, n, w, tiles)
   nq = -(-b // tiles.tq)
   nb = -(-n // (tiles.td * tiles.steps))

@@ -18,7 +18,16 @@ from bilinear_ir.retrieval import exact, mol_topk, pallas_topk
 INTERPRET = pallas_topk.interpret_default()
 # blocks of 48 docs, width chunks of 16, groups of 4 docs (blockmax)
 TILES = pallas_topk.Tiles(tq=16, td=16, steps=3, wk=16, group=4)
-VARIANTS = {"pallas": exact.fused_topk, "pallas_blockmax": exact.blockmax_topk}
+
+def tf32x3(pallas):
+  """`exact.tf32x3_topk` as the other variants are called (its TopK; interpret follows the
+  backend there too)."""
+  return lambda q, d, k, tiles, interpret, **kw: exact.tf32x3_topk(
+      q, d, k, tiles, pallas=pallas, **kw)[0]
+
+
+VARIANTS = {"pallas": exact.fused_topk, "pallas_blockmax": exact.blockmax_topk,
+            "tf32x3": tf32x3(False), "tf32x3_pallas": tf32x3(True)}
 
 
 def twin64(q, d, k):
@@ -50,12 +59,13 @@ def test_exact_ties_by_lower_id_any_padding(variant):
   np.testing.assert_array_equal(np.asarray(res.scores), s64.astype(np.float32))
   np.testing.assert_array_equal(np.asarray(exact.brute_force(q, d, 10).ids), i64)
   # the k passes per step without the skip of steps that cannot enter the top-k, and the
-  # insert merge: the same
-  for tiles in (TILES._replace(insert=False, skip=False), TILES._replace(insert=True)):
+  # insert merge (the fused kernel's options only): the same
+  merges = (TILES._replace(insert=False, skip=False), TILES._replace(insert=True))
+  for tiles in merges if variant == "pallas" else ():
     np.testing.assert_array_equal(run(q, d, 10, tiles, variant)[1], i64)
   # every doc the same: ties everywhere, within each block and across them -> ids 0 .. 9
   same = np.tile(d[:1], (250, 1))
-  for tiles in (TILES, TILES._replace(insert=True)):  # k passes (default), the insert merge
+  for tiles in (TILES,) + merges[1:] * (variant == "pallas"):  # k passes, the insert merge
     np.testing.assert_array_equal(run(q, same, 10, tiles, variant)[1],
                                   np.tile(np.arange(10), (37, 1)))
   # groups of a whole step (G = td) and groups of 2: the same
@@ -74,7 +84,7 @@ def test_near_ties_one_ulp_apart(variant):
   d[[100, 3], 0] = up
   q = np.zeros((3, 24), np.float32)
   q[:, 0] = 1.0
-  for tiles in (TILES, TILES._replace(insert=True)):  # k passes (default), the insert merge
+  for tiles in (TILES, TILES._replace(insert=True))[:2 if variant == "pallas" else 1]:
     scores, ids = run(q, d, 6, tiles, variant=variant)
     np.testing.assert_array_equal(ids, np.tile([3, 100, 5, 70, 129, 0], (3, 1)))
     np.testing.assert_array_equal(scores[0], np.array([up, up, x, x, x, 0.5], np.float32))
@@ -144,11 +154,9 @@ def test_topk_avg_pallas_selection_same_ids():
   np.testing.assert_array_equal(np.asarray(a.ids), np.asarray(b.ids))
 
 
-def test_triton_lowering_is_full_float32(monkeypatch):
-  """Both kernels lower to Triton for a CUDA GPU on any machine (no GPU needed): every lowering
-  rule exists, every block is a power of two, and the score dot runs at input precision IEEE
-  (float32 products), never TF32 (`Precision.DEFAULT` would print `inputPrecision = tf32`)."""
-  import functools  # pylint: disable=g-import-not-at-top
+def triton_asm(monkeypatch) -> list[str]:
+  """A list that receives the text of every Triton module lowered from now on (lower with
+  `lowering_platforms=("cuda",)`: no GPU needed)."""
   from jax._src.pallas.triton import lowering, pallas_call_registration  # private: the asm
   asm = []
   real = lowering.lower_jaxpr_to_triton_module
@@ -159,6 +167,15 @@ def test_triton_lowering_is_full_float32(monkeypatch):
     return out
 
   monkeypatch.setattr(pallas_call_registration.lowering, "lower_jaxpr_to_triton_module", keep)
+  return asm
+
+
+def test_triton_lowering_is_full_float32(monkeypatch):
+  """Both kernels lower to Triton for a CUDA GPU on any machine (no GPU needed): every lowering
+  rule exists, every block is a power of two, and the score dot runs at input precision IEEE
+  (float32 products), never TF32 (`Precision.DEFAULT` would print `inputPrecision = tf32`)."""
+  import functools  # pylint: disable=g-import-not-at-top
+  asm = triton_asm(monkeypatch)
   q = jax.ShapeDtypeStruct((32, 384), jnp.float32)
   d = jax.ShapeDtypeStruct((1000, 384), jnp.float32)
   scan = functools.partial(pallas_topk.block_candidates, k=10, tiles=pallas_topk.Tiles(),
@@ -175,6 +192,38 @@ def test_triton_lowering_is_full_float32(monkeypatch):
     dots = [line for line in text.splitlines() if "tt.dot" in line]
     assert len(dots) == 3 and not any("tf32" in line for line in dots), dots  # 384 = 3 x 128
   assert "tt.reshape" in asm[1]  # [tq, td] -> [tq, td / G, G] before the groups' max
+
+
+@pytest.mark.parametrize("group", [16, 64])  # a reshape into groups; G = td, a row maximum
+def test_triton_lowering_of_the_3xtf32_kernel_uses_tf32(monkeypatch, group):
+  """The 3xTF32 group maxima run on tensor cores: every dot of the kernel at input precision
+  TF32 (three per width chunk: 384 = 3 x 128), none at IEEE; with G = td no reshape."""
+  q = jax.ShapeDtypeStruct((32, 384), jnp.float32)
+  d = jax.ShapeDtypeStruct((1000, 384), jnp.float32)
+  tiles = pallas_topk.Tiles(td=64, group=group, tf32x3=True)
+  asm = triton_asm(monkeypatch)
+  jax.jit(lambda q, d: pallas_topk.group_maxima(q, d, tiles)).trace(q, d).lower(
+      lowering_platforms=("cuda",))
+  [text] = asm
+  dots = [line for line in text.splitlines() if "tt.dot" in line]
+  assert len(dots) == 9 and all("tf32" in line for line in dots), dots
+  assert ("tt.reshape" in text) == (group < 64)
+
+
+def test_xla_3xtf32_lowers_to_the_tf32_x3_algorithm():
+  """The XLA implementation asks the GPU for XLA's 3xTF32 dot algorithm (three TF32 passes,
+  float32 accumulation); XLA:CPU rejects that preset, so off a GPU it is emulated."""
+  q = jax.ShapeDtypeStruct((32, 384), jnp.float32)
+  d = jax.ShapeDtypeStruct((1000, 384), jnp.float32)
+  fn = lambda q, d: exact.tf32x3_group_maxima(q, d, 16, emulate=False)
+  text = jax.jit(fn).trace(q, d).lower(lowering_platforms=("cuda",)).as_text()
+  dots = [line for line in text.splitlines() if "dot_general" in line]
+  assert len(dots) == 1 and "lhs_precision_type = tf32" in dots[0] and \
+      "rhs_precision_type = tf32" in dots[0] and "accumulation_type = f32" in dots[0] and \
+      "num_primitive_operations = 3" in dots[0], dots
+  if jax.default_backend() == "cpu":
+    with pytest.raises(Exception, match="not supported"):
+      jax.block_until_ready(fn(jnp.ones((32, 384)), jnp.ones((1000, 384))))
 
 
 def test_bad_strategy_is_an_input_error():
