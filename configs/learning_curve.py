@@ -14,7 +14,8 @@ subset), Holm over the curve.
 Args (after `:`, comma separated; lists joined by `+`): collection (insuranceqa: the package
 insuranceqa-data 1.2, the `iqa` extra; scifact; or a BEIR folder or zip with a train split),
 embeddings (mean, cls, mpnet-mean, ... or precomputed:DIR), seeds, sizes (a size larger than
-the training split means all of it), models (wdp, lowrank, bilinear, mol; "learned", the
+the training split means all of it), grid (bool: select lr x temperature on dev per run),
+models (wdp, lowrank, bilinear, mol; "learned", the
 dev-selected one, is always added), ranks (of the residual I + P Q^T rows), max_steps, quick
 (bool: one seed, sizes 100+1000, mean only, wdp + lowrank r = 32: a smoke run).
 """
@@ -30,7 +31,8 @@ def get_config(arg=None):
                                 "embeddings": ("mean", "cls", "mpnet-mean"), "seeds": (0, 1, 2),
                                 "sizes": (100, 300, 1000, 3000, 12889),
                                 "models": ("wdp", "lowrank", "bilinear", "mol"),
-                                "ranks": (32, 128), "max_steps": 2000, "quick": False})
+                                "ranks": (32, 128), "max_steps": 2000, "grid": False,
+                                "quick": False})
   quick = a["quick"]
   c = ConfigDict()
   c.job = "learning_curve"
@@ -43,7 +45,11 @@ def get_config(arg=None):
   # residual I + P Q^T at every rank of `ranks`; mol: the `mol` block with `mol_train`'s changes)
   # and "learned", per seed the one of dot and them best on dev. A new row is one more entry.
   c.rows = tables.curve_table(a["models"] if not quick else ("wdp", "lowrank"),
-                              a["ranks"] if not quick else (32,))
+                              a["ranks"] if not quick else (32,),
+                              "train_grid" if a["grid"] else None)
+  # With `grid`, every row but MoL is trained at each point of `train_grid` (lr x temperature)
+  # and the point best on dev kept, per run, like the step (rows record "grid_points").
+  c.train_grid = blocks.train_grid()
   c.runner = ConfigDict({"summary": "queries", "fields": ("dev", "best_steps", "seconds"),
                          "paired": False})
   # data, encoder, bm25, model, train, hybrid, eval, stats: the bilinear table's recipe.

@@ -15,7 +15,8 @@ Args (after `:`): collection ("", the default: the `data` block as it is, SciFac
 insuranceqa-data 1.2, its official dev split, its listed negatives as the hard negatives, and
 P@1 over each question's own pool; or a BEIR folder or zip with a train split), seeds (e.g.
 `seeds=0+1+2`), ranks (e.g. `ranks=2+8+32`), residuals (none+identity), sources (ict+both, or
-none), mol (bool: add the MoL row), embeddings (`mean+cls`), quick (bool: one seed, ranks
+none), mol (bool: add the MoL row), embeddings (`mean+cls`), grid (bool: each row but MoL
+selected on dev over `train_grid`'s lr x temperature), quick (bool: one seed, ranks
 2+32+128, pure form only — a smoke run). Ranks 0 and an empty residuals / sources / mol take the
 collection's default: SciFact's is the paper's grid; InsuranceQA's (27k answers, 12,889
 training questions) is r = 32 + 128 residual only, no ICT rows, the MoL row, and at most
@@ -32,7 +33,7 @@ def get_config(arg=None):
   a = arguments.parse_args(arg, {"collection": "", "seeds": (0, 1, 2), "ranks": (0,),
                               "embeddings": ("mean", "cls"), "residuals": (), "sources": (),
                               "source_rows": ("bilinear", "lowrank_r32_identity"),
-                              "mol": "", "max_steps": 2000, "quick": False})
+                              "mol": "", "max_steps": 2000, "grid": False, "quick": False})
   iqa = a["collection"] == "insuranceqa"
   # ranks (0,), residuals (), sources (), mol "": the collection's default
   ranks = (a["ranks"] if a["ranks"] != (0,) else
@@ -53,7 +54,8 @@ def get_config(arg=None):
   c.rows = tables.bilinear_table(
       ranks if not a["quick"] else (2, 32, 128), residuals if not a["quick"] else ("none",),
       blocks.mol_row().to_dict() if arguments.optional_bool(a["mol"], "mol", iqa) else None,
-      sources if not a["quick"] else (), a["source_rows"])
+      sources if not a["quick"] else (), a["source_rows"], "train_grid" if a["grid"] else None)
+  c.train_grid = blocks.train_grid()  # with `grid`: the lr x temperature rows are selected over
   c.runner = ConfigDict({"summary": "seeds", "blank": {"rank": None, "residual": None},
                          "pool_p_at_1": True, "paired": True, "cell": ("embedding",),
                          "name": "scorer"})

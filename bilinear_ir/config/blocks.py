@@ -303,6 +303,15 @@ def mol_train() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({"auto_temperature": False, "temperature": 0.05})
 
 
+def train_grid() -> ml_collections.ConfigDict:
+  """The `train` values a table row is selected over on dev (issue 40), every combination: the
+  learning rate, and the softmax temperature (a factor of the initial scores' std under
+  `auto_temperature`). A row with a grid trains 12 times per seed; each run's dev selection
+  keeps step 0 (the untrained start) as a candidate."""
+  return ml_collections.ConfigDict({"lr": (1e-4, 2e-4, 5e-4, 1e-3),
+                                    "temperature": (0.05, 0.1, 0.2)})
+
+
 def hybrid_config() -> ml_collections.ConfigDict:
   """The sparse-dense hybrid `lam * dense + (1 - lam) * BM25` (bilinear_ir.retrieval.hybrid).
 

@@ -4,11 +4,14 @@ A table is a tuple of row specs, each a plain dict with a `type`:
 
   {"type": "dot"}       the untrained dot product of the frozen embeddings
   {"type": "bm25"}      BM25 over every test query of the cell
-  {"type": "trained", "model": {...} | "block", "train": {} | "block", "split": "folds" | "ict"}
+  {"type": "trained", "model": {...} | "block", "train": {} | "block", "split": "folds" | "ict",
+   "grid": {field: values} | "block"}
                         `model` options (and `source`, the training pairs) of a scorer trained at
                         every seed on every split set ("ict": on the cell's ICT split, no folds),
                         with the `train` changes; a string names the config block holding them
-                        (e.g. "mol", "mol_train": `--config.mol_train.lr=...` reaches the row)
+                        (e.g. "mol", "mol_train": `--config.mol_train.lr=...` reaches the row);
+                        with a `grid` of `train` fields (e.g. "train_grid": lr x temperature),
+                        every combination is trained and the one best on dev kept, like the step
   {"type": "dev_best", "over": (names), "per": "run" | "row", "step0": bool}
                         "run": per seed and split set, the row of `over` best on dev (`step0`:
                         its name gets "@step0" where dev selection kept the untrained start);
@@ -39,12 +42,16 @@ def row(type_: str, name: str, label: Mapping[str, Any], title: str | None = Non
 
 def trained(name: str, label: Mapping[str, Any], model: Mapping[str, Any] | str,
             train: str | None = None, title: str | None = None,
-            split: str = "folds") -> dict[str, Any]:
+            split: str = "folds", grid: str | None = None) -> dict[str, Any]:
   """A trained row: its `model` options (None values left out by `Recipe.row`) or the name of
-  the config block holding them, and the name of the config block of its `train` changes."""
-  return row("trained", name, label, title,
-             model=model if isinstance(model, str) else dict(model), train=train or {},
-             split=split)
+  the config block holding them, the name of the config block of its `train` changes, and of
+  the grid of `train` values it is selected over on dev (None: none)."""
+  out = row("trained", name, label, title,
+            model=model if isinstance(model, str) else dict(model), train=train or {},
+            split=split)
+  if grid:
+    out["grid"] = grid
+  return out
 
 
 def baselines(label_key: str = "scorer", bm25: Mapping[str, Any] | None = None
@@ -76,27 +83,29 @@ def row_label(spec: Mapping[str, Any]) -> str:
 
 
 def bilinear_table(ranks: Sequence[int], residuals: Sequence[str], mol: Mapping[str, Any] | None,
-                   sources: Sequence[str],
-                   source_rows: Sequence[str]) -> tuple[dict[str, Any], ...]:
+                   sources: Sequence[str], source_rows: Sequence[str],
+                   grid: str | None = None) -> tuple[dict[str, Any], ...]:
   """The rows of the bilinear table (configs/reproduce_table.py): dot, BM25, WDP, P Q^T at every
   residual x rank, full bilinear, MoL (`mol` options; None: no MoL row), the rows named in
   `source_rows` again on each of `sources` ("ict", "both"), then the hybrid of the row best on
-  dev (mean over seeds; judged-pair rows only) with BM25."""
+  dev (mean over seeds; judged-pair rows only) with BM25. `grid`: the config block of the `train`
+values every row but MoL is selected over on dev (None: the recipe's own)."""
   blank = {"rank": None, "residual": None}
-  grid = [{"scorer": "wdp", **blank}]
-  grid += [{"scorer": "lowrank", "rank": int(r), "residual": res}
-           for res in residuals for r in ranks]
-  grid.append({"scorer": "bilinear", **blank})
+  specs = [{"scorer": "wdp", **blank}]
+  specs += [{"scorer": "lowrank", "rank": int(r), "residual": res}
+            for res in residuals for r in ranks]
+  specs.append({"scorer": "bilinear", **blank})
   if mol is not None:
-    grid.append({**dict(mol), **blank})
-  grid = [{**spec, "source": "qrels"} for spec in grid]
+    specs.append({**dict(mol), **blank})
+  specs = [{**spec, "source": "qrels"} for spec in specs]
   for source in sources:
-    grid += [{**spec, "source": source} for spec in grid[:len(grid)]
-             if spec["source"] == "qrels" and row_slug(spec) in source_rows]
+    specs += [{**spec, "source": source} for spec in specs[:len(specs)]
+              if spec["source"] == "qrels" and row_slug(spec) in source_rows]
   rows = baselines("scorer", {"mode": "full"})
-  for spec in grid:
-    rows.append(trained(row_slug(spec), spec, spec,
-                        "mol_train" if spec["scorer"] == "mol" else None, row_label(spec)))
+  for spec in specs:
+    mol_row = spec["scorer"] == "mol"
+    rows.append(trained(row_slug(spec), spec, spec, "mol_train" if mol_row else None,
+                        row_label(spec), grid=None if mol_row else grid))
   judged = tuple(r["name"] for r in rows[2:] if r["label"]["source"] == "qrels")
   rows.append(row("dev_best", "best", {}, over=judged, per="row", hidden=True))
   rows.append(row("hybrid", "hybrid", {"scorer": "hybrid"}, partner="best",
@@ -138,14 +147,14 @@ def model_specs(models: Sequence[str], ranks: Sequence[int]) -> list[dict[str, A
   return out
 
 
-def _named(spec: Mapping[str, Any], train: str | None = None, source: str | None = None
+def _named(spec: Mapping[str, Any], source: str | None = None, grid: str | None = None
            ) -> dict[str, Any]:
   """A trained row labelled {"model": name} (+ "_<source>" for another training source)."""
   name = spec["name"] + (f"_{source}" if source else "")
   model = {k: v for k, v in spec.items() if k != "name"}
   if source:
     model["source"] = source
-  return trained(name, {"model": name}, model, train, split="ict" if source else "folds")
+  return trained(name, {"model": name}, model, split="ict" if source else "folds", grid=grid)
 
 
 def study_table(models: Sequence[str], ranks: Sequence[int], ict_rows: Sequence[str]
@@ -162,14 +171,15 @@ def study_table(models: Sequence[str], ranks: Sequence[int], ict_rows: Sequence[
   return tuple(rows)
 
 
-def curve_table(models: Sequence[str], ranks: Sequence[int]) -> tuple[dict[str, Any], ...]:
+def curve_table(models: Sequence[str], ranks: Sequence[int], grid: str | None = None
+                ) -> tuple[dict[str, Any], ...]:
   """The rows of each point of the learning curve (configs/learning_curve.py): dot, the trained
-  `models` (MoL: the options of `config.mol`, with `config.mol_train`'s changes), and "learned": per seed, the one of dot and the
-  trained rows best on dev."""
+  `models` (MoL: the options of `config.mol`, with `config.mol_train`'s changes), and "learned":
+  per seed, the one of dot and the trained rows best on dev. `grid`: as `bilinear_table`'s."""
   specs = model_specs(models, ranks)
   rows = [row("dot", "dot", {"model": "dot"})]
   rows += [trained("mol", {"model": "mol"}, "mol", "mol_train") if s["name"] == "mol"
-           else _named(s) for s in specs]
+           else _named(s, grid=grid) for s in specs]
   rows.append(row("dev_best", "learned", {"model": "learned"},
                   over=("dot",) + tuple(s["name"] for s in specs), per="run", step0=False))
   return tuple(rows)

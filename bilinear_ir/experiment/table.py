@@ -26,6 +26,7 @@ family per baseline (`compare.against_baselines`); a job adds its own views (e.g
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -135,8 +136,8 @@ def run_cell(config, cell: Cell, workdir: str | None,
   measures = list(config.eval.measures)
   sel = config.train.select_metric
   trained = [s for s in config.rows if s["type"] == "trained"]
-  bar = progress.bar(sum(1 if s["split"] == "ict" else len(_trained_on(cell, seed))
-                         for s in trained for seed in config.seeds),
+  bar = progress.bar(sum((1 if s["split"] == "ict" else len(_trained_on(cell, seed)))
+                         * len(grid_points(config, s)) for s in trained for seed in config.seeds),
       " / ".join(str(v) for v in cell.fields.values()), unit="model")
   runs: dict[str, Runs] = {}
   for spec in config.rows:
@@ -175,15 +176,39 @@ def _trained_on(cell: Cell, seed: int) -> Sequence[pipeline.SplitSet]:
 
 
 def _trained(config, cell: Cell, spec, seed: int, workdir, bar) -> list[dict[str, Any]]:
-  """One seed of a trained row: a fit per split set it trains on (`rows.seed_runs`)."""
+  """One seed of a trained row: a fit per split set it trains on (`rows.seed_runs`); with a
+  `grid`, one per grid point, the one best on dev kept (its "grid_point"; "seconds": all of
+  theirs)."""
   fits = []
   splits = [cell.ict_split] if spec["split"] == "ict" else _trained_on(cell, seed)
+  name = "-".join(x for x in (cell.tag, spec["name"]) if x)
   for s in splits:
     changes = {**(cell.schedule(spec, s) if cell.schedule else {}), **train_of(config, spec)}
-    fits += rows_lib.seed_runs(cell.recipe, model_of(config, spec), [seed], cell.prepared, s,
-                               changes, each=lambda *_: bar.update(1), workdir=workdir,
-                               name="-".join(x for x in (cell.tag, spec["name"]) if x))
+    points = grid_points(config, spec)
+    outs = [rows_lib.seed_runs(cell.recipe, model_of(config, spec), [seed], cell.prepared, s,
+                               {**changes, **point}, each=lambda *_: bar.update(1),
+                               workdir=workdir, name=name + _point_slug(point))[0]
+            for point in points]
+    i = rows_lib.best_on_dev(range(len(outs)),
+                             lambda j: outs[j]["dev"].get(config.train.select_metric))
+    fits.append({**outs[i], "seconds": sum(o["seconds"] for o in outs)}
+                if spec.get("grid") else outs[i])
+    if spec.get("grid"):
+      fits[-1]["grid_point"] = points[i]
   return fits
+
+
+def grid_points(config, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+  """The `train` changes a trained row tries, each selected on dev like the step: every
+  combination of its `grid` ({train field: values}, or the config block that names), in order
+  (the first wins ties); [{}] without one."""
+  grid = spec.get("grid") or {}
+  grid = dict(config[grid]) if isinstance(grid, str) else dict(grid)
+  return [dict(zip(grid, values)) for values in itertools.product(*grid.values())] or [{}]
+
+
+def _point_slug(point: Mapping[str, Any]) -> str:
+  return "".join(f"-{k}{v:g}" if isinstance(v, float) else f"-{k}{v}" for k, v in point.items())
 
 
 def model_of(config, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -276,6 +301,7 @@ def summarise(config, cell: Cell, runs: Runs, unseen: list[str], pools
     row["seeds"] = len(outs)
     if kind == "trained":
       row["best_steps"] = [int(o["best_step"]) for o in outs]
+    _grid_fields(row, runs)
     row["unseen_docs"] = rows_lib.unseen_mean(outs, unseen, m0)
     return row, per_query
   row.update(seeds=len(outs), metrics=rows_lib.query_means([o["per_query"] for o in outs],
@@ -289,8 +315,17 @@ def summarise(config, cell: Cell, runs: Runs, unseen: list[str], pools
     row["best_steps"] = [int(o["best_step"]) for o in outs]
   if "seconds" in fields:
     row["seconds"] = round(sum(o.get("seconds", 0.0) for o in outs), 1)
+  _grid_fields(row, runs)
   if kind == "dev_best":
     row["chosen"] = runs.chosen
   if kind == "trained" and spec["split"] == "ict":
     row["ict_lam"] = [(o.get("ict_guard") or {}).get("lam") for o in outs]
   return row, per_query
+
+
+def _grid_fields(row: dict[str, Any], runs: Runs) -> None:
+  """A row trained over a grid records the point dev chose per seed (and split set) and what
+  the grid cost: "grid_points" [seeds x split sets], "grid_seconds" (every point's training)."""
+  if runs.spec.get("grid"):
+    row["grid_points"] = [f["grid_point"] for seed_fits in runs.fits for f in seed_fits]
+    row["grid_seconds"] = round(sum(f["seconds"] for seed_fits in runs.fits for f in seed_fits), 1)

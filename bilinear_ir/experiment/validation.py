@@ -295,8 +295,12 @@ def check_rows(config, scorers: Sequence[str] | None = None) -> None:
         one_of(model.get("scorer"), tuple(scorers), f("model.scorer"))
       check_model(spec_lib.model_block(config.model, model), f("model"))
       one_of(spec.get("split", "folds"), ("folds", "ict"), f("split"))
-      row = spec_lib.Recipe.of(config, "").row(model, 0, table_lib.train_of(config, spec))
-      check_train(row.train, f("train"))
+      for point in table_lib.grid_points(config, spec):
+        for key in point:
+          require(key in config.train, f"train has no field {key!r}", field=f("grid"))
+        row = spec_lib.Recipe.of(config, "").row(model, 0,
+                                                 {**table_lib.train_of(config, spec), **point})
+        check_train(row.train, f("grid") if point else f("train"))
       if row.train.get("source", "qrels") != "qrels":
         require(config.encoder.kind == "flax", "ICT pairs are new texts: a row trained on them "
                 "needs encoder.kind 'flax'", field=f("model.source"))

@@ -170,3 +170,38 @@ def test_a_row_naming_a_later_row_is_refused(collection):
     c.rows = (c.rows[-1],) + tuple(c.rows[:-1])
   with pytest.raises(InputError, match=r"rows\[0\]\.partner"):
     validation.check_rows(c)
+
+
+def test_a_grid_trains_every_point_and_keeps_the_one_best_on_dev(collection, monkeypatch):
+  beir, prepared = collection
+  c = _config(beir)
+  with c.unlocked():
+    c.rows = (tables.row("dot", "dot", {"scorer": "dot"}),
+              tables.trained("wdp", {"scorer": "wdp"}, {"scorer": "wdp"}, grid="g"))
+    c.g = {"lr": (1e-4, 1e-3, 1e-2), "temperature": (0.1, 0.2)}
+    c.runner.pool_p_at_1, c.runner.paired = False, False
+  validation.check_rows(c)
+  real = table_lib.training.train_and_evaluate
+  tried = []
+
+  def fake(row, prepared_, s, workdir=None, progress=True):  # pylint: disable=unused-argument
+    out = real(row, prepared_, s, progress=False)
+    if row.model.scorer == "dot":
+      return out
+    tried.append((row.seed, row.train.lr, row.train.temperature))
+    # dev favours lr 1e-3 with temperature 0.2 at seed 0, lr 1e-2 with 0.1 at seed 1
+    best = {0: (1e-3, 0.2), 1: (1e-2, 0.1)}[row.seed]
+    return {**out, "dev": {row.train.select_metric: float((row.train.lr, row.train.temperature)
+                                                          == best)}}
+
+  monkeypatch.setattr(table_lib.rows_lib.training, "train_and_evaluate", fake)
+  table = table_lib.run(c, [_cell(c, prepared)], None)
+  assert len(tried) == 2 * 3 * 2 and len(set(tried)) == 12  # every point at every seed
+  row = table.rows[1]
+  assert row["grid_points"] == [{"lr": 1e-3, "temperature": 0.2}, {"lr": 1e-2, "temperature": 0.1}]
+  fits = table.runs[0]["wdp"].fits
+  assert row["grid_seconds"] == pytest.approx(sum(f[0]["seconds"] for f in fits), abs=0.1)
+  with c.unlocked():
+    c.g = {"lr": (1e-3,), "nonsense": (1,)}
+  with pytest.raises(InputError, match=r"rows\[1\]\.grid"):
+    validation.check_rows(c)
