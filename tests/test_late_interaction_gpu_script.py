@@ -3,6 +3,7 @@ budget stops it before a job starts; a job's error stops the script with the job
 before the next run, leaving no run marked done. (The runs themselves are the job's, tested in
 tests/jobs/test_late_interaction_job.py.)"""
 import os
+import re
 import subprocess
 import sys
 
@@ -37,7 +38,9 @@ def test_runs_finished_by_an_earlier_call_are_copied_to_out(tmp_path):
 def test_too_little_budget_starts_no_job(tmp_path):
   proc = _script(tmp_path, BUDGET_S=20)
   assert proc.returncode == 124
-  assert "curve: skipped, 20 s of the budget left" in (tmp_path / "out" / "curve.log").read_text()
+  # the seconds left when it checks: 20, or 19 where the script's start took over a second
+  assert re.search(r"curve: skipped, (20|19) s of the budget left",
+                   (tmp_path / "out" / "curve.log").read_text())
   assert not (tmp_path / "out" / "full.log").exists()
 
 
