@@ -468,13 +468,11 @@ def _rescore(src: Source, cand: jnp.ndarray, k: int, chunk: int
 
   batch, num = cand.shape
   phi = _scan_ranges(num, _rescore_step(chunk), body, jnp.zeros((batch, num), jnp.float32))
-  phi = jnp.where(valid, phi, -jnp.inf)
-  ids = jnp.where(valid, cand, -1)
-  if num < k:
-    phi = jnp.pad(phi, ((0, 0), (0, k - num)), constant_values=-jnp.inf)
-    ids = jnp.pad(ids, ((0, 0), (0, k - num)), constant_values=-1)
+  phi = jnp.pad(jnp.where(valid, phi, -jnp.inf), ((0, 0), (0, max(0, k - num))),
+                constant_values=-jnp.inf)  # fewer than k candidates: -inf / -1 slots
   top, pos = _top_k(phi, k)
-  return top, jnp.where(top == -jnp.inf, -1, jnp.take_along_axis(ids, pos, axis=1))
+  ids = jnp.take_along_axis(safe, jnp.minimum(pos, num - 1), axis=1)
+  return top, jnp.where(top == -jnp.inf, -1, ids)
 
 
 def _gap(s: jnp.ndarray, s_k: jnp.ndarray) -> jnp.ndarray:
