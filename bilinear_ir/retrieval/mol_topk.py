@@ -563,9 +563,9 @@ def _exact_two_pass(src: Source, k: int, max_range: int, chunk: int) -> MolTopK:
 
 
 def _approx(src: Source, k: int, n1: int, n2: int, tight: bool, chunk: int,
-            selection: str = "xla") -> MolTopK:
+            selection: str = "xla", method: str | None = None) -> MolTopK:
   """CombTopK(n1, n2) with its gap bounds; n2 = 0 is TopKPerEmbd(n1), n1 = 0 is TopKAvg(n2);
-  `selection`: the strategy of the top-n2 selection (`avg_top_n`)."""
+  `selection`, `method`: the strategy and XLA method of the top-n2 selection (`avg_top_n`)."""
   num_items = src.num_items
   batch = src.logits(0, 1).shape[0]
   num_p = src.logits(0, 1).shape[-1]
@@ -574,7 +574,7 @@ def _approx(src: Source, k: int, n1: int, n2: int, tight: bool, chunk: int,
   excluded = None
   if n2:
     avg_ids = avg_top_n(src.avg_scores(0, num_items), n2,  # one [B, N] matmul + top-N
-                        strategy=selection)
+                        strategy=selection, method=method)
     cand.append(avg_ids)
     if tight:
       rows = jnp.arange(batch)[:, None]
@@ -632,9 +632,11 @@ def topk_per_embedding(src: Source, k: int, n: int, chunk: int = DEFAULT_CHUNK) 
   return _approx(src, k, n, 0, True, chunk)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "n", "tight_bound", "chunk", "selection"))
+@functools.partial(jax.jit, static_argnames=("k", "n", "tight_bound", "chunk", "selection",
+                                             "method"))
 def topk_avg(src: Source, k: int, n: int, tight_bound: bool = True,
-             chunk: int = DEFAULT_CHUNK, selection: str = "xla") -> MolTopK:
+             chunk: int = DEFAULT_CHUNK, selection: str = "xla",
+             method: str | None = None) -> MolTopK:
   """TopKAvg(N): the top N by the mean logit (one inner product per item), re-scored by MoL.
 
   Args:
@@ -645,19 +647,22 @@ def topk_avg(src: Source, k: int, n: int, tight_bound: bool = True,
       TopKAvg itself); False reports +inf.
     chunk: items per step.
     selection: the top-N selection's strategy, "xla" or "pallas" (`avg_top_n`; the same ids).
+    method: the XLA selection, "top_k", "blocks" or "pruned" (None: `avg_method()`; the same
+      ids).
 
   Returns:
     `MolTopK`; gap_bound_retrieved uses the largest possible logit (1 / temperature).
   """
   _check(k, n)
   require(n >= 1, f"must be >= 1, got {n}", field="n")
-  return _approx(src, k, 0, n, tight_bound, chunk, selection)
+  return _approx(src, k, 0, n, tight_bound, chunk, selection, method)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "n1", "n2", "tight_bound", "chunk",
-                                             "selection"))
+                                             "selection", "method"))
 def comb_topk(src: Source, k: int, n1: int, n2: int, tight_bound: bool = True,
-              chunk: int = DEFAULT_CHUNK, selection: str = "xla") -> MolTopK:
+              chunk: int = DEFAULT_CHUNK, selection: str = "xla",
+              method: str | None = None) -> MolTopK:
   """CombTopK(N1, N2): union of TopKPerEmbd(N1) and TopKAvg(N2) candidates, re-scored by MoL.
 
   Args:
@@ -669,10 +674,11 @@ def comb_topk(src: Source, k: int, n1: int, n2: int, tight_bound: bool = True,
       items outside the TopKAvg set); False reports +inf.
     chunk: items per step.
     selection: the top-N2 selection's strategy, "xla" or "pallas" (`avg_top_n`; the same ids).
+    method: the XLA selection, as `topk_avg`'s.
 
   Returns:
     `MolTopK`; gap_bound_retrieved uses the N1-th value of each component.
   """
   _check(k, n1, n2)
   require(n1 >= 1 and n2 >= 1, f"needs n1, n2 >= 1, got {n1}, {n2}", field="n")
-  return _approx(src, k, n1, n2, tight_bound, chunk, selection)
+  return _approx(src, k, n1, n2, tight_bound, chunk, selection, method)
