@@ -66,9 +66,9 @@ steps of `--brute_chunks` are timed beside it (`brute_chunks_ms`, each checked f
 so the reported speedups are against its best measured step, not a handicapped one.
 
 TopKAvg's top-N selection alone (`avg_selection_rows`): on the report queries' mean logits,
-`lax.top_k` (method "top_k", block 1) against `mol_topk.avg_top_n`'s "blocks" and "pruned" at
-blocks 8 / 16 / 32, ids checked against `lax.top_k`'s, timed interleaved; `default` marks the
-method and block this device uses.
+`lax.top_k` (method "top_k", block 1) against `mol_topk.avg_top_n`'s "blocks" at blocks 8 / 16
+/ 32 and "pruned" at its own block (the largest `exact.default_block` allows), ids checked
+against `lax.top_k`'s, timed interleaved; `default` marks the method and block this device uses.
 """
 from __future__ import annotations
 
@@ -383,10 +383,11 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
 def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], repeats: int,
                   pallas: bool = False) -> list[dict]:
   """TopKAvg's top-N selection alone, on `src`'s mean logits [B, items]: `lax.top_k` (method
-  "top_k", block 1) against `mol_topk.avg_top_n`'s "blocks" and "pruned" at blocks 8 / 16 / 32
-  (those `exact.default_block` allows) and, with `pallas`, its Pallas selection (block
-  "pallas"), timed interleaved, ids checked against `lax.top_k`'s. Rows {items, P_q, N, method,
-  block, ms, strategy, same_ids_as_lax_top_k, default}; `default` marks what this device runs."""
+  "top_k", block 1) against `mol_topk.avg_top_n`'s "blocks" at blocks 8 / 16 / 32 (those
+  `exact.default_block` allows), "pruned" at its own block (the largest allowed) and, with
+  `pallas`, its Pallas selection (block "pallas"), timed interleaved, ids checked against
+  `lax.top_k`'s. Rows {items, P_q, N, method, block, ms, strategy, same_ids_as_lax_top_k,
+  default}; `default` marks what this device runs."""
   avg = jax.block_until_ready(src.avg_scores(0, src.num_items))
   rows = []
   for n in ns:
@@ -394,11 +395,13 @@ def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], re
       continue
     allowed = exact.default_block(n, items)
     fns = {("top_k", 1): jax.jit(functools.partial(mol_topk.avg_top_n, n=n, method="top_k"))}
-    for method in ("blocks", "pruned"):
-      for b in (8, 16, 32):
-        if b <= allowed:
-          fns[(method, b)] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n, block=b,
-                                                       method=method))
+    for b in (8, 16, 32):
+      if b <= allowed:
+        fns[("blocks", b)] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n, block=b,
+                                                       method="blocks"))
+    if allowed > 1:  # "pruned" at its own block, the largest allowed
+      fns[("pruned", allowed)] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n,
+                                                           method="pruned"))
     if pallas:
       fns[("pallas", "pallas")] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n,
                                                             strategy="pallas"))
