@@ -67,7 +67,7 @@ so the reported speedups are against its best measured step, not a handicapped o
 
 TopKAvg's top-N selection alone (`avg_selection_rows`): on the report queries' mean logits,
 `lax.top_k` (method "top_k", block 1) against `mol_topk.avg_top_n`'s "blocks" at blocks 8 / 16
-/ 32 and "pruned" at its own block (the largest `exact.default_block` allows), ids checked
+/ 32 and "pruned" at its own block (`mol_topk.avg_plan`), ids checked
 against `lax.top_k`'s, timed interleaved; `default` marks the method and block this device uses.
 """
 from __future__ import annotations
@@ -346,8 +346,10 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
     for other in [None] + (others if has_avg else []):
       key = label if other is None else f"{label}@{other}"
       strategy = "pallas" if other == "pallas" else "xla"
-      selection_method = ("pallas" if other == "pallas" else other or mol_topk.avg_method()
-                          ) if has_avg else None
+      selection_method = None  # what runs: "pallas" or the XLA method `avg_plan` picks
+      if has_avg:
+        selection_method = "pallas" if other == "pallas" else mol_topk.avg_plan(
+            int(r["cfg"].get("n", r["cfg"].get("n2", 0))), items, method=other)[0]
       if key not in fns:
         if (label, other) in variant_errors:
           report.append({"items": items, "P_q": p, "P_x": p, "queries": "report",
@@ -384,7 +386,7 @@ def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], re
                   pallas: bool = False) -> list[dict]:
   """TopKAvg's top-N selection alone, on `src`'s mean logits [B, items]: `lax.top_k` (method
   "top_k", block 1) against `mol_topk.avg_top_n`'s "blocks" at blocks 8 / 16 / 32 (those
-  `exact.default_block` allows), "pruned" at its own block (the largest allowed) and, with
+  `exact.default_block` allows), "pruned" at its own block (`mol_topk.avg_plan`) and, with
   `pallas`, its Pallas selection (block "pallas"), timed interleaved, ids checked against
   `lax.top_k`'s. Rows {items, P_q, N, method, block, ms, strategy, same_ids_as_lax_top_k,
   default}; `default` marks what this device runs."""
@@ -399,9 +401,9 @@ def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], re
       if b <= allowed:
         fns[("blocks", b)] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n, block=b,
                                                        method="blocks"))
-    if allowed > 1:  # "pruned" at its own block, the largest allowed
-      fns[("pruned", allowed)] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n,
-                                                           method="pruned"))
+    pruned = mol_topk.avg_plan(n, items, method="pruned")
+    if pruned[0] == "pruned":  # at its own block, the largest allowed
+      fns[pruned] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n, method="pruned"))
     if pallas:
       fns[("pallas", "pallas")] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n,
                                                             strategy="pallas"))
@@ -417,11 +419,7 @@ def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], re
     ms = timing.timed_interleaved({name(key): functools.partial(f, avg)
                                    for key, f in fns.items()}, repeats, warmup=1)
     ref = np.asarray(fns[("top_k", 1)](avg))
-    method = mol_topk.avg_method()
-    used = (method, 1 if method == "top_k" else
-            min(mol_topk.AVG_BLOCK if method == "blocks" else allowed, allowed))
-    if used[1] == 1:
-      used = ("top_k", 1)
+    used = mol_topk.avg_plan(n, items)
     for key, f in fns.items():
       rows.append({"items": items, "P_q": p, "N": n, "method": key[0], "block": key[1],
                    "ms": round(ms[name(key)], 3),

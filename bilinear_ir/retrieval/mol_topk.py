@@ -85,7 +85,8 @@ from bilinear_ir.scorers.mol import outer_logits
 DEFAULT_CHUNK = 4096  # items (candidates) per step of the approximate algorithms' scans
 ACCEL_CHUNK = 65536  # brute force's items per step on accelerators (`default_chunk`)
 CPU_CHUNK = 256  # brute force's items per step on CPU (`default_chunk`)
-AVG_BLOCK = 16  # GPUs: items per block of TopKAvg's block selection "blocks" (`avg_top_n`)
+AVG_BLOCK = 16  # GPUs: items per block of TopKAvg's block selection "blocks" (`avg_plan`)
+PRUNE_MIN_BLOCK = 8  # CPU: smaller blocks make "pruned" slower than `lax.top_k` (`avg_plan`)
 CPU_RESCORE_CHUNK = 128  # at most this many candidates per MoL rescoring step on CPU
 FLOAT32 = "highest"  # `jax.default_matmul_precision` of the exact algorithms (module docstring)
 
@@ -183,6 +184,29 @@ def pruned_top_n(scores: jnp.ndarray, n: int, block: int) -> tuple[jnp.ndarray, 
 SELECTION_STRATEGIES = ("xla", "pallas")  # TopKAvg's top-N selection (`avg_top_n`)
 
 
+def avg_plan(n: int, num: int, block: int | None = None, method: str | None = None
+             ) -> tuple[str, int]:
+  """(method, block) that `avg_top_n` runs for the top n of num scores per row.
+
+  `method` None: `avg_method()`. `block` None: AVG_BLOCK for "blocks", the largest
+  `exact.default_block` allows for "pruned"; either is capped by `exact.default_block` (the n best
+  blocks at most a quarter of the row). "pruned" with a block under PRUNE_MIN_BLOCK, and any
+  block of 1, is ("top_k", 1): on the loaded 2-core CPU, 32 rows of 100,000 / 200,000 mean logits,
+  `lax.top_k` took 71 / 159 ms for n = 4,000 / 8,000 at 100,000 and "pruned" 77 / 153 at blocks
+  of 4 / 2, and 91 / 159 against 81 / 163 ms at 200,000 (blocks 8 / 4), while from blocks of 8
+  up it is faster (n = 100 to 2,000: 10-70% less).
+  """
+  method = avg_method() if method is None else method
+  require(method in AVG_METHODS, f"must be one of {AVG_METHODS}, got {method!r}", field="method")
+  allowed = exact.default_block(n, num)
+  if block is None:
+    block = allowed if method == "pruned" else AVG_BLOCK
+  block = min(block, allowed)
+  if method == "top_k" or block == 1 or (method == "pruned" and block < PRUNE_MIN_BLOCK):
+    return "top_k", 1
+  return method, block
+
+
 def avg_top_n(scores: jnp.ndarray, n: int, block: int | None = None,
               strategy: str = "xla", method: str | None = None) -> jnp.ndarray:
   """TopKAvg's candidate set: ids [B, n] of the n best mean logits, as `lax.top_k` ranks them.
@@ -190,23 +214,19 @@ def avg_top_n(scores: jnp.ndarray, n: int, block: int | None = None,
   Args:
     scores: [B, N] mean logits (finite).
     n: N of TopKAvg (n <= N).
-    block: items per block of "blocks" and "pruned" (None: AVG_BLOCK for "blocks", the
-      largest `exact.default_block` allows for "pruned"), capped by `exact.default_block` so the
-      n best blocks stay a quarter of the row at most (a cap of 1: `lax.top_k`).
+    block: items per block of "blocks" and "pruned" (`avg_plan`).
     strategy: "xla" (`method`) or "pallas" (`pallas_topk.select_top_n`: a Pallas kernel finds
       each row's n-th value, then the kept entries are sorted; `block`, `method` do not apply).
-    method: "top_k", "blocks" or "pruned" (`avg_method`; None: `avg_method()`).
+    method: "top_k", "blocks" or "pruned" (`avg_method`; None: `avg_method()`); `avg_plan`
+      says which one runs at which block.
     The same ids, whichever strategy and method.
   """
   require(strategy in SELECTION_STRATEGIES,
           f"must be one of {SELECTION_STRATEGIES}, got {strategy!r}", field="strategy")
   if strategy == "pallas":
     return pallas_topk.select_top_n(scores, n)[1]
-  method = avg_method() if method is None else method
-  require(method in AVG_METHODS, f"must be one of {AVG_METHODS}, got {method!r}", field="method")
-  allowed = exact.default_block(n, scores.shape[1])
-  block = min(allowed if block is None and method == "pruned" else block or AVG_BLOCK, allowed)
-  if method == "top_k" or block == 1:
+  method, block = avg_plan(n, scores.shape[1], block, method)
+  if method == "top_k":
     return jax.lax.top_k(scores, n)[1]
   if method == "pruned":
     return pruned_top_n(scores, n, block)[1]

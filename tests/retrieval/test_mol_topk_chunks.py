@@ -15,6 +15,15 @@ def test_default_chunk_per_device():
   assert mt.default_chunk() == mt.default_chunk(jax.default_backend())
   assert (mt.avg_method("cpu"), mt.avg_method("gpu"), mt.avg_method("tpu")) == (
       "pruned", "blocks", "top_k")
+  # "pruned" at the largest block that keeps the n best blocks a quarter of the row, lax.top_k
+  # below PRUNE_MIN_BLOCK; "blocks" at AVG_BLOCK unless capped
+  assert mt.avg_plan(4000, 1_000_000, method="pruned") == ("pruned", 32)
+  assert mt.avg_plan(4000, 200_000, method="pruned") == ("pruned", mt.PRUNE_MIN_BLOCK) == (
+      "pruned", 8)
+  assert mt.avg_plan(4000, 100_000, method="pruned") == ("top_k", 1)
+  assert mt.avg_plan(4000, 1_000_000, method="blocks") == ("blocks", mt.AVG_BLOCK)
+  assert mt.avg_plan(4000, 100_000, block=16, method="blocks") == ("blocks", 4)
+  assert mt.avg_plan(10, 10, method="blocks") == mt.avg_plan(5, 9, method="top_k") == ("top_k", 1)
 
 
 def _np_top_n(x, n):
