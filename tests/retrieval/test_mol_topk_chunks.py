@@ -32,19 +32,24 @@ def _np_top_n(x, n):
   return np.lexsort((idx, -x), axis=-1)[:, :n]
 
 
-@pytest.mark.parametrize("layout", ["normal", "ties", "ascending", "descending", "constant"])
+LAYOUTS = ["normal", "ties", "near_ties", "ascending", "descending", "constant"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_pruned_top_n_is_lax_top_k(layout):
   """`pruned_top_n` returns `lax.top_k`'s values and ids (ties to the lower index) on rows with
   exact ties across and inside blocks, sorted rows (every block maximum tied or ordered against
   the pruning), a row length that is no multiple of the block (the short last block), and
   n * block from small up to N."""
-  rng = np.random.default_rng(["normal", "ties", "ascending", "descending", "constant"].index(
-      layout))
+  rng = np.random.default_rng(LAYOUTS.index(layout))
   for num, n, block in [(1000, 10, 16), (1003, 62, 16), (997, 31, 32), (640, 40, 16),
                         (257, 1, 4), (64, 16, 4), (500, 125, 2)]:
     x = rng.standard_normal((3, num)).astype(np.float32)
     if layout == "ties":
       x = np.round(x * 2) / 2  # a handful of distinct values: long runs of exact ties
+    elif layout == "near_ties":  # 0.5 plus 0 to 3 ulps: the block maxima differ by one ulp
+      x = np.float32(0.5) + rng.integers(0, 4, x.shape).astype(np.float32) * np.spacing(
+          np.float32(0.5))
     elif layout == "ascending":
       x = np.sort(np.round(x * 4) / 4, axis=1)
     elif layout == "descending":
