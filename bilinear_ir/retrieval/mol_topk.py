@@ -51,7 +51,8 @@ scores as computed.
 Memory: scans over the items hold (B, chunk, P) logits at a time (plus (B, chunk, gate_hidden)
 gate activations where they MoL-score), so 1M items fit; re-scoring gathers (B, chunk, P_x, d_P)
 candidate components at a time (on CPU at most CPU_RESCORE_CHUNK candidates: a smaller step that
-stays in the caches is 2-3x faster there, `default_chunk`); TopKAvg scores all items in one
+stays in the caches is 2-3x faster there, `default_chunk`) and keeps the C candidates' MoL scores
+in one [B, C] array for a single top-K; TopKAvg scores all items in one
 [B, N] array, and its tight bound marks the TopKAvg set in a [B, N] bool mask.
 
 The dot-product retrieval steps: the per-component top N is one MIPS per item component over the
