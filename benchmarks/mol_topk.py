@@ -3,6 +3,8 @@ Table 5 layout).
 
     python benchmarks/mol_topk.py            # 100k and 1M items, P_q = P_x = 4 and 8
     python benchmarks/mol_topk.py --items 20000 --p 4 --repeats 2 --json runs/mol.json   # smoke run
+    python benchmarks/mol_topk.py --items 1000000 --p 4 --avg 4000 --per_embd --comb \
+        --methods top_k   # TopKAvg(4,000) with this device's top-N selection and lax.top_k
 
 Protocol: two disjoint query sets from the same generator, `--select_batch` selection queries
 and `--batch` report queries. The whole grid of configurations (TopKPerEmbd(N), TopKAvg(N),
@@ -47,10 +49,14 @@ methods run at the backend's default precision (TF32 on GPUs: the "default" peak
 divided by the READ bandwidth (a reduction over as many bytes as the items table, timed in the
 same rounds: `timing.read_probe`; `bandwidth_kind` "read"). Fields: `bound_ms`,
 `ratio_vs_bound`, `peak_flops`, `bandwidth_gbs`, `bandwidth_kind`, `strategy`.
-Strategies (`--selections xla pallas`): TopKAvg and CombTopK also run with the Pallas top-N
-selection (`mol_topk.avg_top_n(strategy="pallas")`, `retrieval.pallas_topk.select_top_n`;
-interpret mode off a GPU), a row with `strategy` "pallas" beside the XLA one, its ids checked
-against the XLA selection's (`same_ids_as_xla`); a failure to compile is a row with `error`.
+Top-N selections: TopKAvg and CombTopK rows name theirs in `selection_method`: the XLA method
+this device runs (`mol_topk.avg_method`: "pruned" on CPU, "blocks" on GPUs) or "pallas". With
+`--selections xla pallas` they also run with the Pallas top-N selection
+(`mol_topk.avg_top_n(strategy="pallas")`, `retrieval.pallas_topk.select_top_n`; interpret mode
+off a GPU), and with `--methods top_k ...` with those other XLA methods (`--methods top_k` on a
+CPU: the `lax.top_k` it ran before "pruned"), each a row with `strategy` "pallas" / "xla" beside
+the default one, timed in the same rounds, its ids checked against the default's
+(`same_ids_as_xla`); a failure to compile is a row with `error`.
 Torch peer (brute force only): the same MoL (logits, the same gating MLP weights, the mixture)
 with `torch.topk`, on a CUDA device where jax runs on a GPU (`torch_peer.setup`), float32 with
 TF32 off, at its fastest of `--torch_chunks` items per step (default 4,096 and 65,536, timed
@@ -60,8 +66,9 @@ steps of `--brute_chunks` are timed beside it (`brute_chunks_ms`, each checked f
 so the reported speedups are against its best measured step, not a handicapped one.
 
 TopKAvg's top-N selection alone (`avg_selection_rows`): on the report queries' mean logits,
-`lax.top_k` (block 1) against the block selection (`mol_topk.avg_top_n`) at blocks 8 / 16 / 32,
-ids checked against `lax.top_k`'s, timed interleaved; `default` marks the block this device uses.
+`lax.top_k` (method "top_k", block 1) against `mol_topk.avg_top_n`'s "blocks" at blocks 8 / 16
+/ 32 and "pruned" at its own block (`mol_topk.avg_plan`), ids checked
+against `lax.top_k`'s, timed interleaved; `default` marks the method and block this device uses.
 """
 from __future__ import annotations
 
@@ -234,14 +241,15 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
   chunk = args.chunk or mol_topk.DEFAULT_CHUNK  # the approximate algorithms' steps
 
   def call(src, cfg):
-    sel = cfg.get("selection", "xla")
+    sel, method = cfg.get("selection", "xla"), cfg.get("method")
     if cfg["fn"] == "per":
       return mol_topk.topk_per_embedding(src, k, cfg["n"], chunk=chunk)
     if cfg["fn"] == "avg":
-      return mol_topk.topk_avg(src, k, cfg["n"], tight_bound=False, chunk=chunk, selection=sel)
+      return mol_topk.topk_avg(src, k, cfg["n"], tight_bound=False, chunk=chunk, selection=sel,
+                               method=method)
     if cfg["fn"] == "comb":
       return mol_topk.comb_topk(src, k, cfg["n1"], cfg["n2"], tight_bound=False, chunk=chunk,
-                                selection=sel)
+                                selection=sel, method=method)
     return mol_topk.exact_two_pass(src, k, args.exact_range, chunk=chunk)
 
   # brute force at its per-device default step (`mol_topk.default_chunk`) unless --chunk
@@ -280,17 +288,23 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
     fns[f"BruteForce@{c}"] = lambda c=c: mol_topk.brute_force(rep_src, k, chunk=c)
   for label, r in chosen.items():
     fns[label] = lambda cfg=r["cfg"]: call(rep_src, cfg)
-  pallas_errors = {}
-  if "pallas" in args.selections:  # the same configurations with the Pallas top-N selection
-    for label in [m for m in ("TopKAvg", "CombTopK") if m in chosen]:
-      cfg = dict(chosen[label]["cfg"], selection="pallas")
+  # the chosen TopKAvg / CombTopK with other top-N selections: the Pallas kernel
+  # (--selections pallas) and the other XLA methods (--methods), keyed "label@selection"
+  others = ["pallas"] * ("pallas" in args.selections) + [
+      m for m in args.methods if m != mol_topk.avg_method()]
+  variant_errors = {}
+  for label in [m for m in ("TopKAvg", "CombTopK") if m in chosen]:
+    for other in others:
+      cfg = dict(chosen[label]["cfg"], **({"selection": "pallas"} if other == "pallas"
+                                          else {"method": other}))
       try:  # compiled (and checked below) before timing; a failure is recorded, the run goes on
         jax.block_until_ready(call(rep_src, cfg))
       except Exception as e:  # pylint: disable=broad-except
-        pallas_errors[label] = f"{type(e).__name__}: {str(e)[:400]}"
-        print(f"  {label} with the Pallas selection FAILED: {pallas_errors[label]}", flush=True)
+        variant_errors[(label, other)] = f"{type(e).__name__}: {str(e)[:400]}"
+        print(f"  {label} with the {other} selection FAILED: "
+              f"{variant_errors[(label, other)]}", flush=True)
         continue
-      fns[f"{label}@pallas"] = lambda cfg=cfg: call(rep_src, cfg)
+      fns[f"{label}@{other}"] = lambda cfg=cfg: call(rep_src, cfg)
   for c, fn in torch_fns.items():
     fns[f"torch@{c}"] = fn
   probes, probe_flops = timing.peak_probes()  # the peaks again, in the same rounds
@@ -328,23 +342,31 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
              "strategy": "xla", **bound(None, ms["BruteForce"])}]
   for label, r in chosen.items():
     res = fns[label]()
-    for strategy in ("xla", "pallas"):
-      key = label if strategy == "xla" else f"{label}@pallas"
+    has_avg = label in ("TopKAvg", "CombTopK")
+    for other in [None] + (others if has_avg else []):
+      key = label if other is None else f"{label}@{other}"
+      strategy = "pallas" if other == "pallas" else "xla"
+      selection_method = None  # what runs: "pallas" or the XLA method `avg_plan` picks
+      if has_avg:
+        selection_method = "pallas" if other == "pallas" else mol_topk.avg_plan(
+            int(r["cfg"].get("n", r["cfg"].get("n2", 0))), items, method=other)[0]
       if key not in fns:
-        if strategy == "pallas" and label in pallas_errors:
+        if (label, other) in variant_errors:
           report.append({"items": items, "P_q": p, "P_x": p, "queries": "report",
-                         "method": label, "N": r["N"], "strategy": "pallas", "ms": None,
-                         "error": pallas_errors[label]})
+                         "method": label, "N": r["N"], "strategy": strategy,
+                         "selection_method": selection_method, "ms": None,
+                         "error": variant_errors[(label, other)]})
         continue
       out = fns[key]()
       row = {"items": items, "P_q": p, "P_x": p, "queries": "report", "method": label,
-             "N": r["N"], "strategy": strategy,
+             "N": r["N"], "strategy": strategy, "selection_method": selection_method,
              "chosen_on": f"selection queries: fastest with HR@100 >= {args.target}",
              "selection_hr_at_100": r["hr_rel"].get("100"),
              "hr_rel": hit_rates(np.asarray(out.ids), report_truth), "ms": ms[key],
              "speedup_vs_brute": ms["BruteForce"] / ms[key], **bound(r["cfg"], ms[key])}
-      if strategy == "pallas":  # the Pallas top-N selection: the same ids as the XLA one
+      if other is not None:  # another top-N selection: the same ids as the default XLA one
         row["same_ids_as_xla"] = bool(np.array_equal(np.asarray(out.ids), np.asarray(res.ids)))
+      if strategy == "pallas":
         row["interpret"] = pallas_topk.interpret_default()
       if label == "ExactTwoPass":
         row["fallback_fraction"] = float(np.mean(np.asarray(out.fallback)))
@@ -362,46 +384,57 @@ def run_workload(args: argparse.Namespace, items: int, p: int, peaks: dict, peer
 
 def avg_selection(src: mol_topk.MolSource, items: int, p: int, ns: list[int], repeats: int,
                   pallas: bool = False) -> list[dict]:
-  """TopKAvg's top-N selection alone, on `src`'s mean logits [B, items]: `lax.top_k` (block 1)
-  against `mol_topk.avg_top_n` at blocks 8 / 16 / 32 (those `exact.default_block` allows) and,
-  with `pallas`, its Pallas selection (block "pallas"), timed interleaved, ids checked against
-  `lax.top_k`'s. Rows {items, P_q, N, block, ms, strategy, same_ids_as_lax_top_k, default}."""
+  """TopKAvg's top-N selection alone, on `src`'s mean logits [B, items]: `lax.top_k` (method
+  "top_k", block 1) against `mol_topk.avg_top_n`'s "blocks" at blocks 8 / 16 / 32 (those
+  `exact.default_block` allows), "pruned" at its own block (`mol_topk.avg_plan`) and, with
+  `pallas`, its Pallas selection (block "pallas"), timed interleaved, ids checked against
+  `lax.top_k`'s. Rows {items, P_q, N, method, block, ms, strategy, same_ids_as_lax_top_k,
+  default}; `default` marks what this device runs."""
   avg = jax.block_until_ready(src.avg_scores(0, src.num_items))
   rows = []
   for n in ns:
     if n > items:
       continue
     allowed = exact.default_block(n, items)
-    blocks = [1] + [b for b in (8, 16, 32) if b <= allowed]
-    fns = {b: jax.jit(functools.partial(mol_topk.avg_top_n, n=n, block=b)) for b in blocks}
+    fns = {("top_k", 1): jax.jit(functools.partial(mol_topk.avg_top_n, n=n, method="top_k"))}
+    for b in (8, 16, 32):
+      if b <= allowed:
+        fns[("blocks", b)] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n, block=b,
+                                                       method="blocks"))
+    pruned = mol_topk.avg_plan(n, items, method="pruned")
+    if pruned[0] == "pruned":  # at its own block, the largest allowed
+      fns[pruned] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n, method="pruned"))
     if pallas:
-      fns["pallas"] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n, strategy="pallas"))
+      fns[("pallas", "pallas")] = jax.jit(functools.partial(mol_topk.avg_top_n, n=n,
+                                                            strategy="pallas"))
       try:  # compiled before timing; a failure is recorded and the run goes on
-        jax.block_until_ready(fns["pallas"](avg))
+        jax.block_until_ready(fns[("pallas", "pallas")](avg))
       except Exception as e:  # pylint: disable=broad-except
-        del fns["pallas"]
-        rows.append({"items": items, "P_q": p, "N": n, "block": "pallas", "ms": None,
-                     "strategy": "pallas", "error": f"{type(e).__name__}: {str(e)[:400]}",
+        del fns[("pallas", "pallas")]
+        rows.append({"items": items, "P_q": p, "N": n, "method": "pallas", "block": "pallas",
+                     "ms": None, "strategy": "pallas",
+                     "error": f"{type(e).__name__}: {str(e)[:400]}",
                      "same_ids_as_lax_top_k": None, "default": False})
-    ms = timing.timed_interleaved({str(b): functools.partial(f, avg) for b, f in fns.items()},
-                                  repeats, warmup=1)
-    ref = np.asarray(fns[1](avg))
-    used = min(mol_topk.avg_block(), allowed)
-    for b, f in fns.items():
-      rows.append({"items": items, "P_q": p, "N": n, "block": b, "ms": round(ms[str(b)], 3),
-                   "strategy": "pallas" if b == "pallas" else "xla",
+    name = lambda key: f"{key[0]}@{key[1]}"
+    ms = timing.timed_interleaved({name(key): functools.partial(f, avg)
+                                   for key, f in fns.items()}, repeats, warmup=1)
+    ref = np.asarray(fns[("top_k", 1)](avg))
+    used = mol_topk.avg_plan(n, items)
+    for key, f in fns.items():
+      rows.append({"items": items, "P_q": p, "N": n, "method": key[0], "block": key[1],
+                   "ms": round(ms[name(key)], 3),
+                   "strategy": "pallas" if key[0] == "pallas" else "xla",
                    "same_ids_as_lax_top_k": bool(np.array_equal(np.asarray(f(avg)), ref)),
-                   "default": b == used})
+                   "default": key == used})
   if rows:
-    print(f"\n### TopKAvg's top-N selection alone ({items:,} items, P = {p}): block 1 is "
-          "lax.top_k\n")
-    print("| N | block | ms | same ids | default |\n|---|---|---|---|---|")
+    print(f"\n### TopKAvg's top-N selection alone ({items:,} items, P = {p})\n")
+    print("| N | method | block | ms | same ids | default |\n|---|---|---|---|---|---|")
     for r in rows:
       if r["ms"] is None:
-        print(f"| {r['N']} | {r['block']} | failed: {r['error']} | | |")
+        print(f"| {r['N']} | {r['method']} | {r['block']} | failed: {r['error']} | | |")
         continue
-      print(f"| {r['N']} | {r['block']} | {r['ms']:.2f} | {r['same_ids_as_lax_top_k']} | "
-            f"{'yes' if r['default'] else ''} |", flush=True)
+      print(f"| {r['N']} | {r['method']} | {r['block']} | {r['ms']:.2f} | "
+            f"{r['same_ids_as_lax_top_k']} | {'yes' if r['default'] else ''} |", flush=True)
   return rows
 
 
@@ -412,7 +445,8 @@ def print_table(title: str, rows: list[dict]) -> None:
         + " | ms | speedup | bound ms | ratio_vs_bound | torch brute ms |")
   print("|---|---|" + "---|" * (len(HR_AT) + 5))
   for r in rows:
-    method = r["method"] + (" (pallas selection)" if r.get("strategy") == "pallas" else "")
+    method = r["method"] + (f" ({r['selection_method']} selection)"
+                            if r.get("selection_method") else "")
     if r.get("ms") is None:
       print(f"| {method} | {r['N']} | failed: {r.get('error')} |", flush=True)
       continue
@@ -461,6 +495,9 @@ def main() -> None:
   parser.add_argument("--selections", nargs="+", default=["xla"], choices=("xla", "pallas"),
                       help="TopKAvg / CombTopK top-N selection strategies to report (pallas: "
                            "the Pallas selection kernel, a row beside the XLA one)")
+  parser.add_argument("--methods", nargs="*", default=[], choices=mol_topk.AVG_METHODS,
+                      help="TopKAvg / CombTopK's other XLA top-N selections to report beside "
+                           "this device's (mol_topk.avg_method), e.g. top_k: lax.top_k")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default=None, help="write the rows here")
   args = parser.parse_args()
@@ -489,7 +526,8 @@ def main() -> None:
           and r["method"] not in ("BruteForce", "ExactTwoPass") and r.get("ms") is not None]
     if ok:
       best = max(ok, key=lambda r: r["speedup_vs_brute"])
-      print(f"  P_q = P_x = {p}: {best['method']} {best['N']} ({best['strategy']} selection): "
+      print(f"  P_q = P_x = {p}: {best['method']} {best['N']} "
+            f"({best['selection_method'] or best['strategy']} selection): "
             f"{best['ms']:.1f} ms, "
             f"{best['speedup_vs_brute']:.1f}x vs brute force, HR@100 "
             f"{best['hr_rel'].get('100', float('nan')):.3f} on the report queries "

@@ -654,7 +654,7 @@ def block_top_k(scores: jax.Array, k: int, block: int) -> TopK:
 
   Two smaller top-k's, over the N / block block maxima and then over the k * block scores of the
   k best blocks, replace one over all N scores. That pays where a large-k `lax.top_k` sorts the
-  whole row (XLA on GPUs), not on XLA:CPU (`mol_topk.avg_block`).
+  whole row (XLA on GPUs), not on XLA:CPU (`mol_topk.avg_method`).
 
   Args:
     scores: [B, N] float32, finite.

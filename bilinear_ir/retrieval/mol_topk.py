@@ -51,14 +51,16 @@ scores as computed.
 Memory: scans over the items hold (B, chunk, P) logits at a time (plus (B, chunk, gate_hidden)
 gate activations where they MoL-score), so 1M items fit; re-scoring gathers (B, chunk, P_x, d_P)
 candidate components at a time (on CPU at most CPU_RESCORE_CHUNK candidates: a smaller step that
-stays in the caches is 2-3x faster there, `default_chunk`); TopKAvg scores all items in one
+stays in the caches is 2-3x faster there, `default_chunk`) and keeps the C candidates' MoL scores
+in one [B, C] array for a single top-K; TopKAvg scores all items in one
 [B, N] array, and its tight bound marks the TopKAvg set in a [B, N] bool mask.
 
 The dot-product retrieval steps: the per-component top N is one MIPS per item component over the
 table g_b (N, d_P), by the repo's exact chunked scan `retrieval.exact.scan_topk` (any MIPS index
-could serve it); TopKAvg's top N is one [B, N] matmul and a top-N selection, `avg_top_n`: one
-`lax.top_k` on CPU (faster there than the chunked scan when N runs into the thousands), the
-scan's block selection (`exact.block_top_k`) on GPUs, where a large-N `lax.top_k` sorts.
+could serve it); TopKAvg's top N is one [B, N] matmul and a top-N selection, `avg_top_n`, with
+`lax.top_k`'s ids whatever the device: on CPU `pruned_top_n` (block maxima, then a `lax.top_k`
+over the scores above the n-th best block's maximum), on GPUs the scan's block selection
+(`exact.block_top_k`), where a large-N `lax.top_k` sorts (`avg_method`).
 
 Lower level: the algorithms take a *source* of component logits and gates, `MolSource` (a `Mol`
 scorer, its params, query components and a `MolIndex`) or `DenseSource` (explicit logits and
@@ -84,7 +86,8 @@ from bilinear_ir.scorers.mol import outer_logits
 DEFAULT_CHUNK = 4096  # items (candidates) per step of the approximate algorithms' scans
 ACCEL_CHUNK = 65536  # brute force's items per step on accelerators (`default_chunk`)
 CPU_CHUNK = 256  # brute force's items per step on CPU (`default_chunk`)
-AVG_BLOCK = 16  # GPUs: TopKAvg's top N by blocks of this many items (`avg_block`)
+AVG_BLOCK = 16  # GPUs: items per block of TopKAvg's block selection "blocks" (`avg_plan`)
+PRUNE_MIN_BLOCK = 8  # CPU: smaller blocks make "pruned" slower than `lax.top_k` (`avg_plan`)
 CPU_RESCORE_CHUNK = 128  # at most this many candidates per MoL rescoring step on CPU
 FLOAT32 = "highest"  # `jax.default_matmul_precision` of the exact algorithms (module docstring)
 
@@ -107,46 +110,127 @@ def default_chunk(platform: str | None = None) -> int:
   return CPU_CHUNK if (platform or jax.default_backend()) == "cpu" else ACCEL_CHUNK
 
 
-def avg_block(platform: str | None = None) -> int:
-  """Items per block of TopKAvg's top-N selection (`exact.block_top_k`); 1 is one `lax.top_k`.
+def _top_k(x: jnp.ndarray, k: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """`lax.top_k(x, k)` behind an optimisation barrier: x [..., M] -> ([..., k], [..., k]).
 
-  AVG_BLOCK on GPUs, 1 elsewhere (CPU; TPU, not measured). On CPU, XLA's `lax.top_k` of
-  N = 4,000 over 1M mean logits (32 queries, 2-core CPU, loaded) took 131-139 ms and the block
-  selection 137-148 ms at blocks 8 / 16 / 32. On GPUs `lax.top_k` of a large N sorts the row: on
-  one H200 it was 7.68 of TopKAvg(4,000)'s 8.15 ms over 1M items (`benchmarks/gpu_sweep.py`).
-  `benchmarks/mol_topk.py` times both (`avg_selection_rows`); on one H200, 1M items, 32 queries, N = 2,000 / 4,000 /
-  8,000: `lax.top_k` 7.54 / 7.53 / 7.71 ms, blocks of 8: 1.48 / 1.51 / 2.14, of 16: 1.02 / 1.21
-  / 2.04, of 32: 0.99 / 1.70 / - ms, all with `lax.top_k`'s ids.
+  XLA:CPU runs a `lax.top_k` as a partial sort only where every use of its outputs is the whole
+  [:, :k] slice; a later use of one column (the k-th value) folded into it turns it into a sort
+  of the whole row (several times slower at M in the thousands). The barrier keeps uses apart.
+  """
+  return jax.lax.optimization_barrier(jax.lax.top_k(x, k))
+
+
+AVG_METHODS = ("top_k", "blocks", "pruned")  # TopKAvg's XLA top-N selections (`avg_top_n`)
+
+
+def avg_method(platform: str | None = None) -> str:
+  """TopKAvg's XLA top-N selection per device: "pruned" on CPU, "blocks" on GPUs, "top_k" on TPU.
+
+  "top_k" is one `lax.top_k`; "blocks" `exact.block_top_k` (a `lax.top_k` over the block maxima,
+  then one over the scores of the n best blocks); "pruned" `pruned_top_n` (the same two steps,
+  the second over the scores above the n-th best block's maximum only). The same ids, all three.
+  On GPUs `lax.top_k` of a large N sorts the row: on one H200 it was 7.68 of TopKAvg(4,000)'s
+  8.15 ms over 1M items (`benchmarks/gpu_sweep.py`); there (`avg_selection_rows`; 1M items, 32
+  queries, N = 2,000 / 4,000 / 8,000) `lax.top_k` took 7.54 / 7.53 / 7.71 ms, blocks of 8: 1.48
+  / 1.51 / 2.14, of 16: 1.02 / 1.21 / 2.04, of 32: 0.99 / 1.70 / - ms. On XLA:CPU `lax.top_k` is
+  a partial sort: on a loaded 2-core CPU, N = 4,000 over the mean logits of 1M synthetic items
+  (`benchmarks/mol_topk.py`), 32 queries, `lax.top_k` took 287 ms, "pruned" 215 / 180 / 168 ms
+  at blocks of 8 / 16 / 32 (same ids; `exact.block_top_k` about as long as `lax.top_k`). TPU is
+  not measured.
 
   Args:
     platform: "cpu", "gpu", "tpu" (None: jax's default backend).
   """
-  return AVG_BLOCK if (platform or jax.default_backend()) == "gpu" else 1
+  return {"cpu": "pruned", "gpu": "blocks"}.get(platform or jax.default_backend(), "top_k")
+
+
+def pruned_top_n(scores: jnp.ndarray, n: int, block: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """`lax.top_k(scores, n)` by block maxima, the second `lax.top_k` over pruned scores.
+
+  1. The block maxima m [B, ceil(N / block)] (one vectorised reduction over the row).
+  2. The n best blocks, `lax.top_k(m, n)`; t_b, the n-th best block's maximum, bounds the n-th
+     largest score from below (the n blocks each hold a score >= t_b).
+  3. The scores of those blocks [B, n * block], in item order, those below t_b set to -inf, and
+     one `lax.top_k`. Every one of the n best scores is >= t_b and lies in a chosen block: a
+     block left out has maximum <= t_b and, if equal, a higher index than every chosen block of
+     maximum t_b, so its scores equal to t_b come after at least n - (scores above t_b) equal
+     ones in chosen blocks. Hence the result is `lax.top_k(scores, n)`, ties to the lower index.
+  `exact.block_top_k` takes the same two steps without the pruning. XLA:CPU's `lax.top_k` is a
+  partial sort (a heap of the n best): every entry costs a comparison and every entry that beats
+  the heap's worst an insertion. Here the row meets only the vectorised maximum, the first heap
+  sees N / block maxima and the second about n scores above t_b.
+
+  Args:
+    scores: [B, N] float32, finite.
+    n: results per row, n * block <= N.
+    block: items per block.
+
+  Returns:
+    (values [B, n], ids [B, n] int32): those of `lax.top_k(scores, n)`.
+  """
+  b, num = scores.shape
+  full = num // block
+  m = scores[:, :full * block].reshape(b, full, block).max(-1)
+  if num % block:
+    m = jnp.concatenate([m, scores[:, full * block:].max(-1, keepdims=True)], axis=1)
+  best, blocks = _top_k(m, n)
+  blocks = jnp.sort(blocks, axis=1)  # item order: lax.top_k's ties go to the lower index
+  ids = (blocks[:, :, None] * block + jnp.arange(block, dtype=jnp.int32)).reshape(b, n * block)
+  vals = jnp.take_along_axis(scores, jnp.minimum(ids, num - 1), axis=1)
+  keep = (vals >= best[:, n - 1:]) & (ids < num)
+  top, pos = _top_k(jnp.where(keep, vals, -jnp.inf), n)
+  return top, jnp.take_along_axis(ids, pos, axis=1)
 
 
 SELECTION_STRATEGIES = ("xla", "pallas")  # TopKAvg's top-N selection (`avg_top_n`)
 
 
+def avg_plan(n: int, num: int, block: int | None = None, method: str | None = None
+             ) -> tuple[str, int]:
+  """(method, block) that `avg_top_n` runs for the top n of num scores per row.
+
+  `method` None: `avg_method()`. `block` None: AVG_BLOCK for "blocks", the largest
+  `exact.default_block` allows for "pruned"; either is capped by `exact.default_block` (the n best
+  blocks at most a quarter of the row). "pruned" with a block under PRUNE_MIN_BLOCK, and any
+  block of 1, is ("top_k", 1): on the loaded 2-core CPU, 32 rows of 100,000 / 200,000 mean logits,
+  `lax.top_k` took 71 / 159 ms for n = 4,000 / 8,000 at 100,000 and "pruned" 77 / 153 at blocks
+  of 4 / 2, and 91 / 159 against 81 / 163 ms at 200,000 (blocks 8 / 4), while from blocks of 8
+  up it is faster (n = 100 to 2,000: 10-70% less).
+  """
+  method = avg_method() if method is None else method
+  require(method in AVG_METHODS, f"must be one of {AVG_METHODS}, got {method!r}", field="method")
+  allowed = exact.default_block(n, num)
+  if block is None:
+    block = allowed if method == "pruned" else AVG_BLOCK
+  block = min(block, allowed)
+  if method == "top_k" or block == 1 or (method == "pruned" and block < PRUNE_MIN_BLOCK):
+    return "top_k", 1
+  return method, block
+
+
 def avg_top_n(scores: jnp.ndarray, n: int, block: int | None = None,
-              strategy: str = "xla") -> jnp.ndarray:
+              strategy: str = "xla", method: str | None = None) -> jnp.ndarray:
   """TopKAvg's candidate set: ids [B, n] of the n best mean logits, as `lax.top_k` ranks them.
 
   Args:
     scores: [B, N] mean logits (finite).
     n: N of TopKAvg (n <= N).
-    block: items per block (None: `avg_block()`, capped by `exact.default_block` so the k
-      best blocks stay a quarter of the row at most; 1: `lax.top_k`).
-    strategy: "xla" (`lax.top_k` or the block selection) or "pallas" (`pallas_topk.select_top_n`:
-      a Pallas kernel finds each row's n-th value, then the kept entries are sorted; `block`
-      does not apply). The same ids either way.
+    block: items per block of "blocks" and "pruned" (`avg_plan`).
+    strategy: "xla" (`method`) or "pallas" (`pallas_topk.select_top_n`: a Pallas kernel finds
+      each row's n-th value, then the kept entries are sorted; `block`, `method` do not apply).
+    method: "top_k", "blocks" or "pruned" (`avg_method`; None: `avg_method()`); `avg_plan`
+      says which one runs at which block.
+    The same ids, whichever strategy and method.
   """
   require(strategy in SELECTION_STRATEGIES,
           f"must be one of {SELECTION_STRATEGIES}, got {strategy!r}", field="strategy")
   if strategy == "pallas":
     return pallas_topk.select_top_n(scores, n)[1]
-  block = min(avg_block() if block is None else block, exact.default_block(n, scores.shape[1]))
-  if block == 1:
+  method, block = avg_plan(n, scores.shape[1], block, method)
+  if method == "top_k":
     return jax.lax.top_k(scores, n)[1]
+  if method == "pruned":
+    return pruned_top_n(scores, n, block)[1]
   return exact.block_top_k(scores, n, block).ids
 
 
@@ -387,6 +471,9 @@ def _rescore(src: Source, cand: jnp.ndarray, k: int, chunk: int
   """MoL top-k among candidate ids [B, C] (-1 = none, duplicates allowed), `chunk` candidates
   per step (at most CPU_RESCORE_CHUNK on CPU: `default_chunk`).
 
+  The steps write the candidates' MoL scores into one [B, C] array, then one `lax.top_k` over
+  it (in ascending id order: ties to the lower id), not a merge per step.
+
   Returns:
     (scores [B, k], ids [B, k]), padded with -inf / -1 when fewer than k distinct candidates.
   """
@@ -395,15 +482,18 @@ def _rescore(src: Source, cand: jnp.ndarray, k: int, chunk: int
   valid = (cand >= 0) & first
   safe = jnp.maximum(cand, 0)
 
-  def body(carry, start, size):
+  def body(phi, start, size):
     ids = jax.lax.dynamic_slice_in_dim(safe, start, size, axis=1)
-    ok = jax.lax.dynamic_slice_in_dim(valid, start, size, axis=1)
-    phi = jnp.where(ok, src.phi(src.logits_at(ids), ids), -jnp.inf)
-    return _merge_topk(*carry, phi, jnp.where(ok, ids, -1), k)
+    return jax.lax.dynamic_update_slice_in_dim(phi, src.phi(src.logits_at(ids), ids), start,
+                                               axis=1)
 
-  batch = cand.shape[0]
-  init = (jnp.full((batch, k), -jnp.inf, jnp.float32), jnp.full((batch, k), -1, jnp.int32))
-  return _scan_ranges(cand.shape[1], _rescore_step(chunk), body, init)
+  batch, num = cand.shape
+  phi = _scan_ranges(num, _rescore_step(chunk), body, jnp.zeros((batch, num), jnp.float32))
+  phi = jnp.pad(jnp.where(valid, phi, -jnp.inf), ((0, 0), (0, max(0, k - num))),
+                constant_values=-jnp.inf)  # fewer than k candidates: -inf / -1 slots
+  top, pos = _top_k(phi, k)
+  ids = jnp.take_along_axis(safe, jnp.minimum(pos, num - 1), axis=1)
+  return top, jnp.where(top == -jnp.inf, -1, ids)
 
 
 def _gap(s: jnp.ndarray, s_k: jnp.ndarray) -> jnp.ndarray:
@@ -494,9 +584,9 @@ def _exact_two_pass(src: Source, k: int, max_range: int, chunk: int) -> MolTopK:
 
 
 def _approx(src: Source, k: int, n1: int, n2: int, tight: bool, chunk: int,
-            selection: str = "xla") -> MolTopK:
+            selection: str = "xla", method: str | None = None) -> MolTopK:
   """CombTopK(n1, n2) with its gap bounds; n2 = 0 is TopKPerEmbd(n1), n1 = 0 is TopKAvg(n2);
-  `selection`: the strategy of the top-n2 selection (`avg_top_n`)."""
+  `selection`, `method`: the strategy and XLA method of the top-n2 selection (`avg_top_n`)."""
   num_items = src.num_items
   batch = src.logits(0, 1).shape[0]
   num_p = src.logits(0, 1).shape[-1]
@@ -505,7 +595,7 @@ def _approx(src: Source, k: int, n1: int, n2: int, tight: bool, chunk: int,
   excluded = None
   if n2:
     avg_ids = avg_top_n(src.avg_scores(0, num_items), n2,  # one [B, N] matmul + top-N
-                        strategy=selection)
+                        strategy=selection, method=method)
     cand.append(avg_ids)
     if tight:
       rows = jnp.arange(batch)[:, None]
@@ -563,9 +653,11 @@ def topk_per_embedding(src: Source, k: int, n: int, chunk: int = DEFAULT_CHUNK) 
   return _approx(src, k, n, 0, True, chunk)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "n", "tight_bound", "chunk", "selection"))
+@functools.partial(jax.jit, static_argnames=("k", "n", "tight_bound", "chunk", "selection",
+                                             "method"))
 def topk_avg(src: Source, k: int, n: int, tight_bound: bool = True,
-             chunk: int = DEFAULT_CHUNK, selection: str = "xla") -> MolTopK:
+             chunk: int = DEFAULT_CHUNK, selection: str = "xla",
+             method: str | None = None) -> MolTopK:
   """TopKAvg(N): the top N by the mean logit (one inner product per item), re-scored by MoL.
 
   Args:
@@ -576,19 +668,22 @@ def topk_avg(src: Source, k: int, n: int, tight_bound: bool = True,
       TopKAvg itself); False reports +inf.
     chunk: items per step.
     selection: the top-N selection's strategy, "xla" or "pallas" (`avg_top_n`; the same ids).
+    method: the XLA selection, "top_k", "blocks" or "pruned" (None: `avg_method()`; the same
+      ids).
 
   Returns:
     `MolTopK`; gap_bound_retrieved uses the largest possible logit (1 / temperature).
   """
   _check(k, n)
   require(n >= 1, f"must be >= 1, got {n}", field="n")
-  return _approx(src, k, 0, n, tight_bound, chunk, selection)
+  return _approx(src, k, 0, n, tight_bound, chunk, selection, method)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "n1", "n2", "tight_bound", "chunk",
-                                             "selection"))
+                                             "selection", "method"))
 def comb_topk(src: Source, k: int, n1: int, n2: int, tight_bound: bool = True,
-              chunk: int = DEFAULT_CHUNK, selection: str = "xla") -> MolTopK:
+              chunk: int = DEFAULT_CHUNK, selection: str = "xla",
+              method: str | None = None) -> MolTopK:
   """CombTopK(N1, N2): union of TopKPerEmbd(N1) and TopKAvg(N2) candidates, re-scored by MoL.
 
   Args:
@@ -600,10 +695,11 @@ def comb_topk(src: Source, k: int, n1: int, n2: int, tight_bound: bool = True,
       items outside the TopKAvg set); False reports +inf.
     chunk: items per step.
     selection: the top-N2 selection's strategy, "xla" or "pallas" (`avg_top_n`; the same ids).
+    method: the XLA selection, as `topk_avg`'s.
 
   Returns:
     `MolTopK`; gap_bound_retrieved uses the N1-th value of each component.
   """
   _check(k, n1, n2)
   require(n1 >= 1 and n2 >= 1, f"needs n1, n2 >= 1, got {n1}, {n2}", field="n")
-  return _approx(src, k, n1, n2, tight_bound, chunk, selection)
+  return _approx(src, k, n1, n2, tight_bound, chunk, selection, method)

@@ -212,6 +212,7 @@ def test_shapes_padding_and_index():
   assert np.all(np.asarray(out.ids[:, 8:]) == -1) and np.all(np.isneginf(out.scores[:, 8:]))
   assert np.all(np.isinf(out.gap_bound))  # fewer than K candidates: no finite bound
   full = mt.topk_avg(src, k=5, n=50, chunk=16)  # every item is a candidate: exact, gap 0
+  np.testing.assert_array_equal(mt.topk_avg(src, k=5, n=80, chunk=16).ids, full.ids)  # N > items
   np.testing.assert_array_equal(full.ids, mt.brute_force(src, k=5, chunk=16).ids)
   assert np.all(np.asarray(full.gap_bound) == 0) and np.all(
       np.asarray(full.gap_bound_retrieved) == 0)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bilinear_ir import scorers
+from bilinear_ir import errors, scorers
 from bilinear_ir.retrieval import mol_topk as mt
 
 
@@ -13,28 +13,84 @@ def test_default_chunk_per_device():
   assert mt.default_chunk("cpu") == mt.CPU_CHUNK < mt.ACCEL_CHUNK
   assert mt.default_chunk("gpu") == mt.default_chunk("tpu") == mt.ACCEL_CHUNK
   assert mt.default_chunk() == mt.default_chunk(jax.default_backend())
-  assert mt.avg_block("cpu") == mt.avg_block("tpu") == 1 < mt.AVG_BLOCK == mt.avg_block("gpu")
+  assert (mt.avg_method("cpu"), mt.avg_method("gpu"), mt.avg_method("tpu")) == (
+      "pruned", "blocks", "top_k")
+  # "pruned" at the largest block that keeps the n best blocks a quarter of the row, lax.top_k
+  # below PRUNE_MIN_BLOCK; "blocks" at AVG_BLOCK unless capped
+  assert mt.avg_plan(4000, 1_000_000, method="pruned") == ("pruned", 32)
+  assert mt.avg_plan(4000, 200_000, method="pruned") == ("pruned", mt.PRUNE_MIN_BLOCK) == (
+      "pruned", 8)
+  assert mt.avg_plan(4000, 100_000, method="pruned") == ("top_k", 1)
+  assert mt.avg_plan(4000, 1_000_000, method="blocks") == ("blocks", mt.AVG_BLOCK)
+  assert mt.avg_plan(4000, 100_000, block=16, method="blocks") == ("blocks", 4)
+  assert mt.avg_plan(10, 10, method="blocks") == mt.avg_plan(5, 9, method="top_k") == ("top_k", 1)
+
+
+def _np_top_n(x, n):
+  """numpy twin of `lax.top_k`'s ids: per row, by (value desc, index asc)."""
+  idx = np.broadcast_to(np.arange(x.shape[1]), x.shape)
+  return np.lexsort((idx, -x), axis=-1)[:, :n]
+
+
+LAYOUTS = ["normal", "ties", "near_ties", "ascending", "descending", "constant"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pruned_top_n_is_lax_top_k(layout):
+  """`pruned_top_n` returns `lax.top_k`'s values and ids (ties to the lower index) on rows with
+  exact ties across and inside blocks, sorted rows (every block maximum tied or ordered against
+  the pruning), a row length that is no multiple of the block (the short last block), and
+  n * block from small up to N."""
+  rng = np.random.default_rng(LAYOUTS.index(layout))
+  for num, n, block in [(1000, 10, 16), (1003, 62, 16), (997, 31, 32), (640, 40, 16),
+                        (257, 1, 4), (64, 16, 4), (500, 125, 2)]:
+    x = rng.standard_normal((3, num)).astype(np.float32)
+    if layout == "ties":
+      x = np.round(x * 2) / 2  # a handful of distinct values: long runs of exact ties
+    elif layout == "near_ties":  # 0.5 plus 0 to 3 ulps: the block maxima differ by one ulp
+      x = np.float32(0.5) + rng.integers(0, 4, x.shape).astype(np.float32) * np.spacing(
+          np.float32(0.5))
+    elif layout == "ascending":
+      x = np.sort(np.round(x * 4) / 4, axis=1)
+    elif layout == "descending":
+      x = -np.sort(np.round(x * 4) / 4, axis=1)
+    elif layout == "constant":
+      x[:] = 0.5
+    vals, ids = mt.pruned_top_n(jnp.asarray(x), n, block)
+    want_vals, want_ids = jax.lax.top_k(jnp.asarray(x), n)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(want_vals))
+    np.testing.assert_array_equal(np.asarray(ids), _np_top_n(x, n))
 
 
 @pytest.mark.parametrize("n", [40, 300, 3000])
-def test_avg_top_n_by_blocks_is_lax_top_k(n):
-  """TopKAvg's candidate set by the block selection (the GPUs' path, forced here) equals
-  `lax.top_k`'s, exact ties included (duplicated items), and so does the whole TopKAvg result."""
+def test_avg_top_n_methods_are_lax_top_k(n):
+  """TopKAvg's candidate set by every method ("top_k", "blocks": the GPUs' path, "pruned": the
+  CPU's) equals `lax.top_k`'s, exact ties included (duplicated items), and so does the whole
+  TopKAvg result; n = N (3,000) takes `lax.top_k` whatever the method."""
   src, *_ = _source()
   avg = src.avg_scores(0, src.num_items)
   want = np.asarray(jax.lax.top_k(avg, n)[1])
-  for block in (4, 16):
-    np.testing.assert_array_equal(np.asarray(mt.avg_top_n(avg, n, block=block)), want)
-  np.testing.assert_array_equal(np.asarray(mt.avg_top_n(avg, n, block=1)), want)
+  np.testing.assert_array_equal(want, _np_top_n(np.asarray(avg), n))
+  for method in mt.AVG_METHODS:
+    for block in (None, 4, 16):
+      np.testing.assert_array_equal(np.asarray(mt.avg_top_n(avg, n, block, method=method)), want)
+  np.testing.assert_array_equal(np.asarray(mt.avg_top_n(avg, n, block=1, method="pruned")), want)
   plain = mt.topk_avg(src, k=20, n=n, tight_bound=True)
   mt.topk_avg.clear_cache()
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(mt, "avg_block", lambda platform=None: 16)
-    blocks = mt.topk_avg(src, k=20, n=n, tight_bound=True)
-  mt.topk_avg.clear_cache()
-  for field in ("ids", "scores", "gap_bound", "gap_bound_retrieved"):
-    np.testing.assert_array_equal(np.asarray(getattr(blocks, field)),
-                                  np.asarray(getattr(plain, field)))
+  for method in mt.AVG_METHODS:
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setattr(mt, "avg_method", lambda platform=None, method=method: method)
+      other = mt.topk_avg(src, k=20, n=n, tight_bound=True)
+    mt.topk_avg.clear_cache()
+    for field in ("ids", "scores", "gap_bound", "gap_bound_retrieved"):
+      np.testing.assert_array_equal(np.asarray(getattr(other, field)),
+                                    np.asarray(getattr(plain, field)))
+
+
+def test_avg_top_n_rejects_an_unknown_method():
+  with pytest.raises(errors.InputError, match="method"):
+    mt.avg_top_n(jnp.ones((2, 20)), 3, method="sort")
 
 
 def _source(items=3000, batch=6, p=2, d_p=16, seed=0):
