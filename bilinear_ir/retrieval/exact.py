@@ -253,10 +253,10 @@ def blockmax_topk(qt: jax.Array, dt: jax.Array, k: int, tiles: pallas_topk.Tiles
   if maxima.shape[1] < k:  # fewer groups than k: empty groups past N
     maxima = jnp.pad(maxima, ((0, 0), (0, k - maxima.shape[1])), constant_values=-jnp.inf)
   _, blocks = _select(maxima, k, selection)  # ties: the lower group id
-  return _rescore_groups(qt, dt, blocks, g, k, id_offset, selection)
+  return rescore_groups(qt, dt, blocks, g, k, id_offset, selection)
 
 
-def _rescore_groups(qt, dt, blocks, g: int, k: int, id_offset, selection: str) -> TopK:
+def rescore_groups(qt, dt, blocks, g: int, k: int, id_offset, selection: str) -> TopK:
   """The k best docs of the chosen groups, rescored exactly: qt [B, w], dt [N, w], blocks
   [B, m] group ids of G = g docs (m >= k; ids past N's groups score -inf) ->
   TopK [B, k] by (score desc, id asc), slots past N -inf / NO_DOC.
@@ -391,7 +391,7 @@ def _tf32x3_certified(qt, dt, k, tiles, scale, groups, pallas, interpret, select
   Approximate group maxima (3xTF32; `perturb` [B, ceil(N / G)] is added to them: the tests'
   hook for an error beyond the bound), the `groups` best by (max desc, group id asc) and the
   best maximum of the rest (`tf32x3_select`, by `selection` through coarse groups of `coarse`),
-  the groups rescored (`_rescore_groups`, the docs picked by `doc_selection`, None:
+  the groups rescored (`rescore_groups`, the docs picked by `doc_selection`, None:
   `selection`); a query is certified when the rest's approximate maximum plus its slack [B] is
   strictly below its k-th exact score, or when no group is left. Strict: an equal sum could
   hide a doc of that group tying the k-th score with a lower id. The slack is `slack` [B], or
@@ -407,7 +407,7 @@ def _tf32x3_certified(qt, dt, k, tiles, scale, groups, pallas, interpret, select
   if perturb is not None:
     maxima = maxima.at[:, :perturb.shape[1]].add(perturb)
   blocks, nxt = tf32x3_select(maxima, groups, coarse, selection)
-  res = _rescore_groups(qt, dt, blocks, g, k, id_offset,
+  res = rescore_groups(qt, dt, blocks, g, k, id_offset,
                         selection if doc_selection is None else doc_selection)
   certified = (nxt == -jnp.inf) | (nxt + slack < res.scores[:, k - 1])
   return res, certified
@@ -440,7 +440,7 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
   2. The m = `groups` best groups by approximate maximum (ties: the lower group id), picked
      directly or through coarse groups of `coarse` groups (`tf32x3_select`: two small
      selections instead of one over every group), are rescored in float32
-     (`_rescore_groups`): their k best docs by (score desc, id asc).
+     (`rescore_groups`): their k best docs by (score desc, id asc).
   3. Certificate: every doc outside them has a float32 score <= its group's approximate max + e
      <= M, the (m + 1)-th approximate group maximum, + e. When M + e < the k-th rescored score
      (strictly), no outside doc can enter the top-k or tie its k-th score with a lower id: the
