@@ -73,10 +73,10 @@ and the group maxima; `after_kernel_ms`: the selection and rescoring after it). 
 `tf32x3_pallas_<case>` rows the same way: `exact.tf32x3_topk`, 3xTF32 group maxima on tensor
 cores (XLA's TF32_TF32_F32_X3 dot, configs "gN": the group, "gN.cC.mM.argmax" with
 `tf32x3_topk`'s coarse, groups and selection, `tf32x3_options`; or the Pallas kernel's split)
-with the 2k best groups rescored in float32 and a certificate per query, the queries it does not
-certify redone by the float32 scan (`fallback_queries`, at the best config); their group maxima
-alone are `kernel_ms`; the table's max|d| is computed once, before timing (as an index). Their
-bound (`scan_dtype` "tf32x3") is the roofline at three passes of the measured default-precision
+with the m best groups (2k unless .mM) rescored in float32 and a certificate per query, the
+queries it does not certify redone by the float32 scan (`fallback_queries`, at the best config);
+their group maxima alone are `kernel_ms`; the table's max|d| is computed once, before timing
+(as an index). Their bound (`scan_dtype` "tf32x3") is the roofline at three passes of the measured default-precision
 (TF32) matmul peak, or the float32 table read once, whichever is larger; torch float32 with TF32
 on is timed beside them as a labelled reference (`torch_tf32_ms`, `ratio_vs_torch_tf32`: TF32
 scores are not exact, so it is not the peer; `peer_torch_ms` stays torch with TF32 off).
@@ -516,9 +516,9 @@ class Runner:
     methods = {
         "pallas": "fused Pallas scan-and-select",
         "pallas_blockmax": "Pallas group maxima + XLA selection of the k best groups, rescored",
-        "tf32x3": "3xTF32 group maxima (XLA TF32_TF32_F32_X3) + the 2k best groups rescored "
+        "tf32x3": "3xTF32 group maxima (XLA TF32_TF32_F32_X3) + the m best groups rescored "
                   "in float32 + a certificate, fallback to the float32 scan",
-        "tf32x3_pallas": "3xTF32 group maxima (Pallas kernel) + the 2k best groups rescored "
+        "tf32x3_pallas": "3xTF32 group maxima (Pallas kernel) + the m best groups rescored "
                          "in float32 + a certificate, fallback to the float32 scan"}
     for strategy, sweep in sweeps.items():
       name = f"{strategy}_{tag}"
