@@ -17,9 +17,10 @@ the full call would redo with the float32 scan) and the certified queries' ids a
 against the "xla" scan's (`same_ids_certified`).
 Then the whole call, `exact.tf32x3_topk` with the table's max|d| computed before timing (as
 `benchmarks/topk.py` does, host sync on the certificate included), at run 8's config (G = 128
-for 32 queries, 32 for 1,000; m = 2k, c = 1, `exact.default_selection(k)`) and at the config with the
-smallest `parts_ms` among those without fallback, timed in the same rounds as the "xla" scan
-(`exact.topk`): `whole_ms`, `after_ms` = whole_ms - maxima_ms, `xla_ms`, `same_ids_as_xla`.
+for 32 queries, 32 for 1,000; m = 2k, c = 1, `exact.default_selection(k)`) and at the config
+with the smallest `parts_ms` among those without fallback, timed in the same rounds as the
+"xla" scan (`exact.topk`): `whole_ms`, `after_ms` = whole_ms - maxima_ms, `xla_ms`,
+`same_ids_as_xla`; `best_config` is the best one in `benchmarks/topk.py --tf32x3-tiles` form.
 One line per config; JSON to --out (after each case).
 """
 from __future__ import annotations
@@ -141,8 +142,10 @@ def profile_case(name: str, b: int, n: int, w: int, args) -> dict:
           f"{cfg['selection']}: {cfg['whole_ms']:.3f} ms (after the maxima "
           f"{cfg['after_ms']:.3f}; xla scan {t['xla']:.3f} ms)  fallback "
           f"{cfg['fallback_queries']}  same_ids_as_xla {cfg['same_ids_as_xla']}", flush=True)
+  top = whole["best"]
   return {"name": name, "queries": b, "docs": n, "dim": w, "k": k,
-          "xla_ms": round(t["xla"], 3), "configs": rows, "whole": whole}
+          "xla_ms": round(t["xla"], 3), "configs": rows, "whole": whole,
+          "best_config": f"g{top['group']}.c{top['coarse']}.m{top['m']}.{top['selection']}"}
 
 
 def main(args) -> None:

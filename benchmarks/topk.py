@@ -76,10 +76,11 @@ cores (XLA's TF32_TF32_F32_X3 dot, configs "gN": the group, "gN.cC.mM.argmax" wi
 with the m best groups (2k unless .mM) rescored in float32 and a certificate per query, the
 queries it does not certify redone by the float32 scan (`fallback_queries`, at the best config);
 their group maxima alone are `kernel_ms`; the table's max|d| is computed once, before timing
-(as an index). Their bound (`scan_dtype` "tf32x3") is the roofline at three passes of the measured default-precision
-(TF32) matmul peak, or the float32 table read once, whichever is larger; torch float32 with TF32
-on is timed beside them as a labelled reference (`torch_tf32_ms`, `ratio_vs_torch_tf32`: TF32
-scores are not exact, so it is not the peer; `peer_torch_ms` stays torch with TF32 off).
+(as an index). Their bound (`scan_dtype` "tf32x3") is the roofline at three passes of the
+measured default-precision (TF32) matmul peak, or the float32 table read once, whichever is
+larger; torch float32 with TF32 on is timed beside them as a labelled reference
+(`torch_tf32_ms`, `ratio_vs_torch_tf32`: TF32 scores are not exact, so it is not the peer;
+`peer_torch_ms` stays torch with TF32 off).
 Each case also reports its achieved GFLOP/s (2 B N w / time; the certified case counts its bound
 scan's width r + 1) and table bandwidth (N w bytes / time) and their fractions of the device's
 peaks, measured in the same run (a copy and float32 / bf16 matmuls, `timing.measure_peaks`; on a

@@ -44,3 +44,6 @@ def test_reduced_run_writes_every_config(tmp_path):
   for tag in ("run8", "best"):
     assert case["whole"][tag]["same_ids_as_xla"] and case["whole"][tag]["whole_ms"] > 0
   assert len([ln for ln in proc.stdout.splitlines() if ln.startswith("q32_")]) == 16 + 2
+  best = case["whole"]["best"]  # in benchmarks/topk.py's config form
+  assert case["best_config"] == (f"g{best['group']}.c{best['coarse']}.m{best['m']}."
+                                 f"{best['selection']}")
