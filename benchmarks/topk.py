@@ -71,14 +71,16 @@ then the XLA selection; with its kernel alone timed in the same rounds (`kernel_
 and the group maxima; `after_kernel_ms`: the selection and rescoring after it). "tf32x3" and
 "tf32x3_pallas" (`--tf32x3-tiles`, `--tf32x3-pallas-tiles`) add `tf32x3_<case>` and
 `tf32x3_pallas_<case>` rows the same way: `exact.tf32x3_topk`, 3xTF32 group maxima on tensor
-cores (XLA's TF32_TF32_F32_X3 dot, configs "gN": the group; or the Pallas kernel's split) with
-the 2k best groups rescored in float32 and a certificate per query, the queries it does not
-certify redone by the float32 scan (`fallback_queries`, at the best config); their group maxima
-alone are `kernel_ms`; the table's max|d| is computed once, before timing (as an index). Their
-bound (`scan_dtype` "tf32x3") is the roofline at three passes of the measured default-precision
-(TF32) matmul peak, or the float32 table read once, whichever is larger; torch float32 with TF32
-on is timed beside them as a labelled reference (`torch_tf32_ms`, `ratio_vs_torch_tf32`: TF32
-scores are not exact, so it is not the peer; `peer_torch_ms` stays torch with TF32 off).
+cores (XLA's TF32_TF32_F32_X3 dot, configs "gN": the group, "gN.cC.mM.argmax" with
+`tf32x3_topk`'s coarse, groups and selection, `tf32x3_options`; or the Pallas kernel's split)
+with the m best groups (2k unless .mM) rescored in float32 and a certificate per query, the
+queries it does not certify redone by the float32 scan (`fallback_queries`, at the best config);
+their group maxima alone are `kernel_ms`; the table's max|d| is computed once, before timing
+(as an index). Their bound (`scan_dtype` "tf32x3") is the roofline at three passes of the
+measured default-precision (TF32) matmul peak, or the float32 table read once, whichever is
+larger; torch float32 with TF32 on is timed beside them as a labelled reference
+(`torch_tf32_ms`, `ratio_vs_torch_tf32`: TF32 scores are not exact, so it is not the peer;
+`peer_torch_ms` stays torch with TF32 off).
 Each case also reports its achieved GFLOP/s (2 B N w / time; the certified case counts its bound
 scan's width r + 1) and table bandwidth (N w bytes / time) and their fractions of the device's
 peaks, measured in the same run (a copy and float32 / bf16 matmuls, `timing.measure_peaks`; on a
@@ -139,7 +141,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="the pallas_blockmax strategy's tile configs, as --tiles with .gN (the "
                       "group of docs per maximum, dividing td; default 16)")
   p.add_argument("--tf32x3-tiles", default="",
-                 help="the tf32x3 strategy's (XLA) configs, ';'-separated gN (the group)")
+                 help="the tf32x3 strategy's (XLA) configs, ';'-separated gN (the group), "
+                      "optionally .cN (coarse groups), .mN (groups rescored), .top_k/.argmax")
   p.add_argument("--tf32x3-pallas-tiles", default="",
                  help="the tf32x3_pallas strategy's tile configs, as --blockmax-tiles")
   p.add_argument("--seed", type=int, default=0)
@@ -214,9 +217,11 @@ def parse_tiles(text: str, width: int, tf32x3: bool = False) -> pallas_topk.Tile
   wkN the width chunk (default the power of two >= w, at most 128), gN blockmax's group (default
   16), insert: the insert merge (`insert=True`) instead of k passes per step, noskip: the k
   passes without their skip; "gN" alone: the default tiles with group N (the XLA 3xTF32
-  strategy's config). `tf32x3`: the kernel's 3xTF32 mode."""
+  strategy's config; `tf32x3_options` reads its other parts). `tf32x3`: the kernel's 3xTF32
+  mode."""
   if text.startswith("g"):
-    return pallas_topk.default_tiles(1, width)._replace(group=int(text[1:]), tf32x3=tf32x3)
+    return pallas_topk.default_tiles(1, width)._replace(group=int(text.split(".")[0][1:]),
+                                                        tf32x3=tf32x3)
   parts = text.split(".")
   tq, td, steps, warps, stages = (int(x) for x in parts[:5])
   extra = parts[5:]
@@ -226,6 +231,20 @@ def parse_tiles(text: str, width: int, tf32x3: bool = False) -> pallas_topk.Tile
   return pallas_topk.Tiles(tq=tq, td=td, steps=steps, wk=wk, num_warps=warps,
                            num_stages=stages, skip="noskip" not in extra, group=group,
                            insert="insert" in extra, tf32x3=tf32x3)
+
+
+def tf32x3_options(text: str) -> dict:
+  """`exact.tf32x3_topk`'s options in a 3xTF32 config's parts (after "gN" or the tiles): ".cN"
+  coarse groups of N groups, ".mN" m = N groups rescored, ".top_k" / ".argmax" the selection;
+  e.g. "g32.c32.m12.argmax" -> {"coarse": 32, "groups": 12, "selection": "argmax"} (absent
+  parts: the defaults)."""
+  out = {}
+  for part in text.split(".")[1:]:
+    if part in exact.SELECTIONS:
+      out["selection"] = part
+    elif part[:1] in ("c", "m") and part[1:].isdigit():
+      out["coarse" if part[0] == "c" else "groups"] = int(part[1:])
+  return out
 
 
 def tf32_on(torch, fn):
@@ -457,8 +476,8 @@ class Runner:
       for cfg in configs:
         tiles = parse_tiles(cfg, w, tf32x3=strategy == "tf32x3_pallas")
         if x3:
-          call = lambda tiles=tiles, s=strategy: exact.tf32x3_topk(
-              qj, dj, k, tiles, pallas=s == "tf32x3_pallas", doc_norm=norm)
+          call = lambda tiles=tiles, s=strategy, o=tf32x3_options(cfg): exact.tf32x3_topk(
+              qj, dj, k, tiles, pallas=s == "tf32x3_pallas", doc_norm=norm, **o)
           fn = lambda call=call: call()[0]
         else:
           fn = lambda tiles=tiles, s=strategy: exact.topk(qj, dj, k, strategy=s, tiles=tiles)
@@ -498,9 +517,9 @@ class Runner:
     methods = {
         "pallas": "fused Pallas scan-and-select",
         "pallas_blockmax": "Pallas group maxima + XLA selection of the k best groups, rescored",
-        "tf32x3": "3xTF32 group maxima (XLA TF32_TF32_F32_X3) + the 2k best groups rescored "
+        "tf32x3": "3xTF32 group maxima (XLA TF32_TF32_F32_X3) + the m best groups rescored "
                   "in float32 + a certificate, fallback to the float32 scan",
-        "tf32x3_pallas": "3xTF32 group maxima (Pallas kernel) + the 2k best groups rescored "
+        "tf32x3_pallas": "3xTF32 group maxima (Pallas kernel) + the m best groups rescored "
                          "in float32 + a certificate, fallback to the float32 scan"}
     for strategy, sweep in sweeps.items():
       name = f"{strategy}_{tag}"
@@ -513,8 +532,10 @@ class Runner:
         continue
       best = min(times, key=times.get)
       x3 = strategy in TF32X3_STRATEGIES
-      res = exact.topk(qj, dj, k, strategy=strategy,
-                       tiles=parse_tiles(best, w, tf32x3=strategy == "tf32x3_pallas"))
+      tiles = parse_tiles(best, w, tf32x3=strategy == "tf32x3_pallas")
+      res = (exact.tf32x3_topk(qj, dj, k, tiles, pallas=strategy == "tf32x3_pallas",
+                               **tf32x3_options(best))[0] if x3
+             else exact.topk(qj, dj, k, strategy=strategy, tiles=tiles))
       extra = {}
       if strategy != "pallas":
         kernel = {c: round(ms[f"{strategy}_kernel@{c}"], 3) for c in sweep["configs"]}

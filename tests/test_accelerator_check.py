@@ -129,6 +129,12 @@ def test_every_tile_config_parses_and_fits_shared_memory():
   # the XLA 3xTF32 configs name the group only
   assert [topk.parse_tiles(c, 384).group for c in topk.TILE_SWEEP["tf32x3"]["few"]] == \
       [32, 64, 128]
+  # ... and optionally tf32x3_topk's coarse groups, m and selection
+  assert topk.parse_tiles("g32.c32.m12.argmax", 384).group == 32
+  assert topk.tf32x3_options("g32.c32.m12.argmax") == {"coarse": 32, "groups": 12,
+                                                       "selection": "argmax"}
+  assert topk.tf32x3_options("g128") == {}
+  assert topk.tf32x3_options("32.64.16.4.2.wk64.g64.m14") == {"groups": 14}
   assert any(topk.parse_tiles(c, 384).num_warps == 8 for _, c in configs)
   t = topk.parse_tiles("32.128.16.8.2.wk64.g32.insert", 384)
   assert (t.wk, t.group, t.num_warps, t.insert, t.skip) == (64, 32, 8, True, True)

@@ -252,13 +252,13 @@ def blockmax_topk(qt: jax.Array, dt: jax.Array, k: int, tiles: pallas_topk.Tiles
   maxima = pallas_topk.group_maxima(qt, dt, tiles, interpret)  # [B, NG]
   if maxima.shape[1] < k:  # fewer groups than k: empty groups past N
     maxima = jnp.pad(maxima, ((0, 0), (0, k - maxima.shape[1])), constant_values=-jnp.inf)
-  top, blocks = _select(maxima, k, selection)  # ties: the lower group id
-  return _rescore_groups(qt, dt, top, blocks, g, k, id_offset, selection)
+  _, blocks = _select(maxima, k, selection)  # ties: the lower group id
+  return rescore_groups(qt, dt, blocks, g, k, id_offset, selection)
 
 
-def _rescore_groups(qt, dt, top, blocks, g: int, k: int, id_offset, selection: str) -> TopK:
-  """The k best docs of the chosen groups, rescored exactly: qt [B, w], dt [N, w], top [B, m]
-  (the groups' maxima), blocks [B, m] group ids (m >= k; ids past N's groups score -inf) ->
+def rescore_groups(qt, dt, blocks, g: int, k: int, id_offset, selection: str) -> TopK:
+  """The k best docs of the chosen groups, rescored exactly: qt [B, w], dt [N, w], blocks
+  [B, m] group ids of G = g docs (m >= k; ids past N's groups score -inf) ->
   TopK [B, k] by (score desc, id asc), slots past N -inf / NO_DOC.
 
   Float32 products and sums (elementwise, not a dot: no backend runs them at TF32 or bf16),
@@ -269,7 +269,9 @@ def _rescore_groups(qt, dt, top, blocks, g: int, k: int, id_offset, selection: s
   docs = dt[jnp.minimum(rows, n - 1)].astype(jnp.float32)  # [B, m, G, w], fused below
   scores = jnp.sum(docs * qt.astype(dt.dtype).astype(jnp.float32)[:, None, None, :], axis=-1)
   scores = jnp.where(rows < n, scores, -jnp.inf)
-  return _finish(_State(top, scores, blocks.astype(jnp.int32)), k, n, id_offset, selection)
+  blocks = blocks.astype(jnp.int32)
+  return _finish(_State(jnp.zeros(blocks.shape, jnp.float32), scores, blocks), k, n, id_offset,
+                 selection)
 
 
 def gamma(m: int) -> float:
@@ -340,18 +342,60 @@ def tf32x3_group_maxima(qt: jax.Array, dt: jax.Array, group: int, emulate: bool)
   return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
 
 
+def tf32x3_select(maxima: jax.Array, groups: int, coarse: int = 1, selection: str = "top_k"
+                  ) -> tuple[jax.Array, jax.Array]:
+  """The `groups` best groups by approximate maximum and the best maximum of the rest (traceable):
+  maxima [B, NG] (-inf: no docs) -> (group ids [B, m] int32, next [B] float32), m = `groups`.
+
+  `coarse` 1: one selection of the m + 1 best of NG (ties: the lower group id), `next` the
+  (m + 1)-th. `coarse` c > 1: two smaller ones. The maxima of c consecutive groups (a coarse
+  group) are reduced to [B, NG / c]; its m + 1 best are picked; then the m + 1 best of the m
+  kept coarse groups' m c group maxima; `next` is the larger of the (m + 1)-th coarse and the
+  (m + 1)-th group maximum among the kept. Every group left out has a maximum <= `next`: it lies
+  in a coarse group left out (its maximum <= the (m + 1)-th coarse) or in a kept one and not
+  picked (<= the (m + 1)-th of those). The m groups are the m best of all NG but for ties (the
+  m best groups lie in at most m coarse groups, each of which has at most m - 1 coarse groups
+  above it), so the certificate of `tf32x3_topk` is the one-stage one, from selections over
+  NG / c + m c values instead of NG.
+
+  Args:
+    maxima: [B, NG] float32 group maxima, no NaN.
+    groups: m >= 1 groups kept.
+    coarse: c >= 1 groups per coarse group of the first selection.
+    selection: "top_k" or "argmax" (`_select`).
+  """
+  b = maxima.shape[0]
+  if coarse > 1:  # at least m + 1 coarse groups, the padding's maxima -inf
+    pad = max(-(-maxima.shape[1] // coarse), groups + 1) * coarse - maxima.shape[1]
+    fine = jnp.pad(maxima, ((0, 0), (0, pad)), constant_values=-jnp.inf)
+    fine = fine.reshape(b, -1, coarse)  # [B, NC, c]
+    cids, cnext = tf32x3_select(fine.max(axis=2), groups, 1, selection)
+    kept = jnp.take_along_axis(fine, cids[:, :, None], axis=1).reshape(b, -1)  # [B, m c]
+    ids = (cids[:, :, None] * coarse + jnp.arange(coarse, dtype=jnp.int32)).reshape(b, -1)
+    sub, nxt = tf32x3_select(kept, groups, 1, selection)  # positions in `kept`
+    return jnp.take_along_axis(ids, sub, axis=1), jnp.maximum(cnext, nxt)
+  if maxima.shape[1] < groups + 1:  # fewer groups than needed: empty groups past N
+    maxima = jnp.pad(maxima, ((0, 0), (0, groups + 1 - maxima.shape[1])),
+                     constant_values=-jnp.inf)
+  top, ids = _select(maxima, groups + 1, selection)  # ties: the lower group id
+  return ids[:, :groups].astype(jnp.int32), top[:, groups]
+
+
 @functools.partial(jax.jit, static_argnames=("k", "tiles", "groups", "pallas", "interpret",
-                                             "selection"))
+                                             "selection", "doc_selection", "coarse"))
 def _tf32x3_certified(qt, dt, k, tiles, scale, groups, pallas, interpret, selection, id_offset,
-                      slack=None, perturb=None) -> tuple[TopK, jax.Array]:
+                      slack=None, perturb=None, doc_selection=None, coarse=1
+                      ) -> tuple[TopK, jax.Array]:
   """The traceable core of `tf32x3_topk`: (TopK [B, k], certified [B] bool).
 
   Approximate group maxima (3xTF32; `perturb` [B, ceil(N / G)] is added to them: the tests'
-  hook for an error beyond the bound), the groups + 1 best by (max desc, group id asc), the
-  first `groups` rescored (`_rescore_groups`); a query is certified when the next group's
-  approximate maximum plus its slack [B] is strictly below its k-th exact score, or when no
-  group is left. Strict: an equal sum could hide a doc of that group tying the k-th score with
-  a lower id. The slack is `slack` [B], or None: `scale` (c max|d|) times each query's norm.
+  hook for an error beyond the bound), the `groups` best by (max desc, group id asc) and the
+  best maximum of the rest (`tf32x3_select`, by `selection` through coarse groups of `coarse`),
+  the groups rescored (`rescore_groups`, the docs picked by `doc_selection`, None:
+  `selection`); a query is certified when the rest's approximate maximum plus its slack [B] is
+  strictly below its k-th exact score, or when no group is left. Strict: an equal sum could
+  hide a doc of that group tying the k-th score with a lower id. The slack is `slack` [B], or
+  None: `scale` (c max|d|) times each query's norm.
   """
   g = tiles.group
   if slack is None:
@@ -362,12 +406,9 @@ def _tf32x3_certified(qt, dt, k, tiles, scale, groups, pallas, interpret, select
     maxima = tf32x3_group_maxima(qt, dt, g, interpret)
   if perturb is not None:
     maxima = maxima.at[:, :perturb.shape[1]].add(perturb)
-  if maxima.shape[1] < groups + 1:  # fewer groups than needed: empty groups past N
-    maxima = jnp.pad(maxima, ((0, 0), (0, groups + 1 - maxima.shape[1])),
-                     constant_values=-jnp.inf)
-  top, blocks = _select(maxima, groups + 1, selection)  # ties: the lower group id
-  res = _rescore_groups(qt, dt, top[:, :groups], blocks[:, :groups], g, k, id_offset, selection)
-  nxt = top[:, groups]
+  blocks, nxt = tf32x3_select(maxima, groups, coarse, selection)
+  res = rescore_groups(qt, dt, blocks, g, k, id_offset,
+                        selection if doc_selection is None else doc_selection)
   certified = (nxt == -jnp.inf) | (nxt + slack < res.scores[:, k - 1])
   return res, certified
 
@@ -387,7 +428,7 @@ def max_doc_norm(doc_table) -> float:
 
 def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, pallas: bool = False,
                 groups: int | None = None, doc_norm: float | None = None, id_offset: int = 0,
-                selection: str | None = None, slack=None, perturb=None
+                selection: str | None = None, coarse: int = 1, slack=None, perturb=None
                 ) -> tuple[TopK, int]:
   """Exact float32 top-k from 3xTF32 group maxima and a certificate: qt [B, w], dt [N, w]
   float32 -> (TopK [B, k], the number of queries that fell back to the float32 scan).
@@ -396,8 +437,10 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
      tensor cores (`pallas`: the Pallas kernel, `pallas_topk.group_maxima` with `tf32x3`; else
      XLA, `tf32x3_group_maxima`): |approx - float32| <= e = c |q| max|d| for every doc, c =
      `tf32x3_relative_bound(w)`.
-  2. The m = `groups` best groups by approximate maximum (ties: the lower group id) are rescored
-     in float32 (`_rescore_groups`): their k best docs by (score desc, id asc).
+  2. The m = `groups` best groups by approximate maximum (ties: the lower group id), picked
+     directly or through coarse groups of `coarse` groups (`tf32x3_select`: two small
+     selections instead of one over every group), are rescored in float32
+     (`rescore_groups`): their k best docs by (score desc, id asc).
   3. Certificate: every doc outside them has a float32 score <= its group's approximate max + e
      <= M, the (m + 1)-th approximate group maximum, + e. When M + e < the k-th rescored score
      (strictly), no outside doc can enter the top-k or tie its k-th score with a lower id: the
@@ -415,7 +458,10 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
     groups: m >= k groups rescored (None: TF32X3_GROUPS_PER_K k).
     doc_norm: max|d| of the table (`max_doc_norm`; None: computed here, one more table read).
     id_offset: added to every real id.
-    selection: how the best groups and docs are picked (None: `default_selection(k)`).
+    selection: how the best groups and docs are picked (None: the groups by
+      `default_selection(m + 1)`, the docs by `default_selection(k)`; on a GPU with k = 10,
+      m = 20: `lax.top_k` for the groups, argmax passes for the docs).
+    coarse: groups per coarse group of the groups' selection (1: one selection over all).
     slack: [B] or scalar e per query instead of c |q| max|d| (tests), perturb: [B, ceil(N / G)]
       added to the approximate maxima (tests: an error beyond the bound).
   """
@@ -425,17 +471,23 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
   groups = TF32X3_GROUPS_PER_K * k if groups is None else groups
   if groups < k:
     raise input_error(f"must be >= k = {k}, got {groups}", file="retrieval", field="groups")
-  selection = default_selection(k) if selection is None else selection
+  if not isinstance(coarse, (int, np.integer)) or coarse < 1:
+    raise input_error(f"must be an integer >= 1, got {coarse!r}", file="retrieval",
+                      field="coarse")
+  doc_selection = default_selection(k) if selection is None else selection
+  selection = default_selection(groups + 1) if selection is None else selection
   scale = 0.0
   if slack is None:
     doc_norm = max_doc_norm(dt) if doc_norm is None else doc_norm
     scale = tf32x3_relative_bound(qt.shape[1]) * doc_norm
   else:
     slack = jnp.broadcast_to(jnp.asarray(slack, jnp.float32), (b,))
-  res, ok = _tf32x3_certified(qt, dt, k, tiles, jnp.float32(scale), groups, pallas,
-                              pallas_topk.interpret_default(), selection, jnp.int32(id_offset),
+  # scale and id_offset go in as Python numbers: no device op of their own per call
+  res, ok = _tf32x3_certified(qt, dt, k, tiles, float(scale), groups, pallas,
+                              pallas_topk.interpret_default(), selection, int(id_offset),
                               slack, None if perturb is None else jnp.asarray(perturb,
-                                                                              jnp.float32))
+                                                                              jnp.float32),
+                              doc_selection, int(coarse))
   failed = np.flatnonzero(~np.asarray(ok))
   if failed.size:
     p = pad_rows(failed, b)

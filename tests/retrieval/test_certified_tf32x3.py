@@ -82,6 +82,27 @@ def test_error_bound_holds_on_a_wide_dynamic_range(pallas):
     assert (np.abs(crude - want) > allowed).any()
 
 
+@pytest.mark.parametrize("selection", exact.SELECTIONS)
+@pytest.mark.parametrize("ng, m, coarse", [(97, 6, 4), (40, 5, 7), (12, 5, 3), (30, 3, 1),
+                                           (5, 6, 1)])
+def test_select_through_coarse_groups_is_the_one_stage_selection(selection, ng, m, coarse):
+  # distinct maxima (some -inf, as empty groups): the m groups kept are the m best of all, and
+  # `next` is the (m + 1)-th best (-inf where fewer groups), the brute force's by sorting; with
+  # ng = 12, m = 5, c = 3 there are fewer coarse groups (4) than m + 1 (padded)
+  rng = np.random.default_rng(ng)
+  x = rng.permutation(ng * 4).astype(np.float32)[:ng].reshape(1, ng) - 2.0 * ng
+  x = np.concatenate([x, np.where(np.arange(ng) % 5 == 0, -np.inf, x[:, ::-1])]).astype(
+      np.float32)
+  ids, nxt = exact.tf32x3_select(jnp.asarray(x), m, coarse, selection)
+  for row, got, got_next in zip(x, np.asarray(ids), np.asarray(nxt)):
+    order = np.argsort(-row, kind="stable")
+    want = np.concatenate([row[order], np.full(m + 1, -np.inf)])
+    assert sorted(np.asarray(row[got[got < ng]]).tolist() + [-np.inf] * int((got >= ng).sum()),
+                  reverse=True) == want[:m].tolist()
+    assert got_next == want[m]
+    assert len(set(got.tolist())) == m  # no group twice
+
+
 def test_bound_constant_and_bad_groups():
   # w = 384: 1.1 (3 2^-20 + 8 (1 + 2^-9) gamma_1152 + gamma_384) (the docstring's 6.3e-4)
   u = 2.0 ** -24
@@ -91,15 +112,19 @@ def test_bound_constant_and_bad_groups():
   assert 6.2e-4 < exact.tf32x3_relative_bound(384) < 6.4e-4
   with pytest.raises(InputError, match="groups"):
     exact.tf32x3_topk(np.ones((2, 8), np.float32), np.ones((20, 8), np.float32), 3, groups=2)
+  with pytest.raises(InputError, match="coarse"):
+    exact.tf32x3_topk(np.ones((2, 8), np.float32), np.ones((20, 8), np.float32), 3, coarse=0)
 
 
 @IMPLS
-def test_random_queries_are_certified_and_exact(pallas):
-  # standard normal tables: every query certified (no fallback), the float32 brute force's ids
+@pytest.mark.parametrize("coarse", [1, 6])
+def test_random_queries_are_certified_and_exact(pallas, coarse):
+  # standard normal tables: every query certified (no fallback), the float32 brute force's ids;
+  # with the groups picked through coarse groups of 6 (250 groups: 42 coarse, the last short)
   rng = np.random.default_rng(2)
   q = rng.standard_normal((24, 48)).astype(np.float32)
   d = rng.standard_normal((1000, 48)).astype(np.float32)
-  res, fell = exact.tf32x3_topk(q, d, 5, TILES, pallas=pallas)
+  res, fell = exact.tf32x3_topk(q, d, 5, TILES, pallas=pallas, coarse=coarse)
   truth = exact.brute_force(q, d, 5)
   assert fell == 0
   np.testing.assert_array_equal(np.asarray(res.ids), np.asarray(truth.ids))
@@ -109,7 +134,8 @@ def test_random_queries_are_certified_and_exact(pallas):
 
 
 @IMPLS
-def test_an_error_beyond_the_bound_falls_back_and_stays_exact(pallas):
+@pytest.mark.parametrize("coarse", [1, 4])
+def test_an_error_beyond_the_bound_falls_back_and_stays_exact(pallas, coarse):
   # query 3's approximate maxima raised far above its scores, the most to the lowest group ids
   # (an error far beyond the bound): the m = 8 groups rescored are groups 0 .. 7, which miss
   # its top-4, and its (m + 1)-th group is not below its k-th score, so it falls back to the
@@ -121,7 +147,7 @@ def test_an_error_beyond_the_bound_falls_back_and_stays_exact(pallas):
   perturb[3] = 1e3 * np.arange(51, 0, -1)
   truth = np.asarray(exact.brute_force(q, d, 4).ids)
   assert truth[3].max() >= 8 * 4  # groups 0 .. 7 alone would give other ids
-  res, fell = exact.tf32x3_topk(q, d, 4, TILES, pallas=pallas, perturb=perturb)
+  res, fell = exact.tf32x3_topk(q, d, 4, TILES, pallas=pallas, perturb=perturb, coarse=coarse)
   assert fell == 1
   np.testing.assert_array_equal(np.asarray(res.ids), truth)
 
