@@ -458,9 +458,11 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
     groups: m >= k groups rescored (None: TF32X3_GROUPS_PER_K k).
     doc_norm: max|d| of the table (`max_doc_norm`; None: computed here, one more table read).
     id_offset: added to every real id.
-    selection: how the best groups and docs are picked (None: the groups by
-      `default_selection(m + 1)`, the docs by `default_selection(k)`; on a GPU with k = 10,
-      m = 20: `lax.top_k` for the groups, argmax passes for the docs).
+    selection: how the best groups and docs are picked (None: `default_selection(k)` for both:
+      argmax passes on a GPU with k = 10, also for the m + 1 = 21 groups, which measured
+      faster than `lax.top_k` there: on one H200, 0.37 against 0.82 ms at 1,000 x 200k, G = 32;
+      at 32 x 1M the fastest whole call, 1.44 ms, was G = 128 with argmax; run 9,
+      docs/benchmarks/nvidia-h200.md).
     coarse: groups per coarse group of the groups' selection (1: one selection over all).
     slack: [B] or scalar e per query instead of c |q| max|d| (tests), perturb: [B, ceil(N / G)]
       added to the approximate maxima (tests: an error beyond the bound).
@@ -475,7 +477,7 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
     raise input_error(f"must be an integer >= 1, got {coarse!r}", file="retrieval",
                       field="coarse")
   doc_selection = default_selection(k) if selection is None else selection
-  selection = default_selection(groups + 1) if selection is None else selection
+  selection = default_selection(k) if selection is None else selection
   scale = 0.0
   if slack is None:
     doc_norm = max_doc_norm(dt) if doc_norm is None else doc_norm
