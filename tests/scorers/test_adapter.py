@@ -35,8 +35,6 @@ def _np_query_table(params, q):
 def test_step_zero_is_exactly_the_dot_product():
   module = scorers.build("adapter", dim=N_DIM, hidden=16)
   params = scorers.init_params(module, jax.random.key(3))
-  assert not np.any(np.asarray(params["out"]["kernel"])) and np.any(
-      np.asarray(params["hidden"]["kernel"]))
   q, docs = _random(1, 5, N_DIM), _random(2, 30, N_DIM)
   dot = q.astype(np.float64) @ docs.T
   got = np.asarray(module.apply({"params": params}, q, docs, method=module.score_all))
@@ -44,6 +42,9 @@ def test_step_zero_is_exactly_the_dot_product():
   diff = max(np.abs(got - dot).max(), np.abs(pairs - np.diag(dot[:, :5])).max())
   print(f"adapter at step 0 vs dot: max abs diff {diff:.3g} (scores up to {np.abs(dot).max():.3g})")
   assert diff <= 1e-5 * np.abs(dot).max()
+  # f's last layer is zero, its first random: the last layer's gradient is not zero.
+  assert not np.any(np.asarray(params["out"]["kernel"])) and np.any(
+      np.asarray(params["hidden"]["kernel"]))
 
 
 def test_scores_are_the_tables_inner_products_and_docs_stay_raw():

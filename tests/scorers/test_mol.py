@@ -212,7 +212,6 @@ def test_residual_mol_at_step_zero_scores_exactly_as_dot():
   """lam = 0 at init: every score is q . d (float32), whatever the random MoL part says."""
   module = _residual_mol()
   params = scorers.init_params(module, jax.random.key(5))
-  np.testing.assert_array_equal(params["lam"], [0.0])
   q, docs = _random(20, 6, N_DIM), _random(21, 40, N_DIM)
   dot = q.astype(np.float64) @ docs.T.astype(np.float64)
   got = np.asarray(module.apply({"params": params}, q, docs, method=module.score_all))
@@ -221,6 +220,7 @@ def test_residual_mol_at_step_zero_scores_exactly_as_dot():
   print(f"residual MoL at step 0 vs dot: max abs diff {diff:.3g} (scores up to "
         f"{np.abs(dot).max():.3g})")
   assert diff <= 1e-5 * np.abs(dot).max()
+  np.testing.assert_array_equal(params["lam"], [0.0])
   # The MoL part is not the dot product: only the start makes the scores equal.
   moved = dict(params, lam=jnp.full((1,), 0.5, jnp.float32))
   assert np.abs(np.asarray(module.apply({"params": moved}, q, docs, method=module.score_all))
