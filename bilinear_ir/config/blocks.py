@@ -128,9 +128,13 @@ def model_config() -> ml_collections.ConfigDict:
   """The scorer to train. Only the fields the chosen scorer has are passed to it.
 
   Fields:
-    scorer: a registry name (dot, wdp, bilinear, lowrank, ...).
+    scorer: a registry name (dot, wdp, bilinear, lowrank, adapter, mol, ...).
     rank, residual, factor_init: low-rank options (see scorers.bilinear.LowRank); pure P Q^T
       starts at the top-r principal projection of the training docs ("pca").
+    residual is also MoL's: "none" (the paper's) or "dot" (the dot product is one more logit and
+      the mixture starts on it, so step 0 is the dot product; scorers.mol). A row's spec sets the
+      other options of its scorer, e.g. {"scorer": "adapter", "hidden": 256} (scorers.adapter:
+      q + f(q) against the raw docs, f's last layer zero at init).
   """
   c = ml_collections.ConfigDict()
   c.scorer = "bilinear"

@@ -4,6 +4,11 @@ MoL scores phi(q, x) = sum_p pi_p(q, x) l_p(q, x) with gates pi summing to 1, so
 phi(q, x) <= max_p l_p(q, x): every algorithm here rests on that. Notation: P = P_q * P_x
 component logits l_p = <f_a(q), g_b(x)> / temperature, K results, N items.
 
+The residual MoL (`Mol.residual="dot"`) adds the dot product of the raw embeddings as logit P + 1
+and mixes (1 - lam) l_dot + lam sum_p pi_p l_p with a learned lam that may leave [0, 1], so its
+score is not bounded by its largest logit: only `brute_force` serves it (its index keeps the raw
+docs, its source the raw queries); the bound-based algorithms refuse it.
+
 Doc-side tables, precomputed once (`MolIndex`, from `build_index` or `index_from_components`):
   items (N, P_x, d_P): the L2-normalised item components (per-component MIPS, MoL re-scoring);
   avg (N, d_P): sum_b g_b(x) / P, the TopKAvg table; <sum_a f_a(q) / temperature, avg(x)> is the
@@ -81,7 +86,7 @@ import numpy as np
 
 from bilinear_ir.errors import require
 from bilinear_ir.retrieval import exact, pallas_topk
-from bilinear_ir.scorers.mol import outer_logits
+from bilinear_ir.scorers.mol import outer_logits, with_dot_logit
 
 DEFAULT_CHUNK = 4096  # items (candidates) per step of the approximate algorithms' scans
 ACCEL_CHUNK = 65536  # brute force's items per step on accelerators (`default_chunk`)
@@ -246,15 +251,20 @@ class MolIndex:
   Attributes:
     items: (N, P_x, d_P) L2-normalised item components g_b(x).
     avg: (N, d_P) the TopKAvg table sum_b g_b(x) / P, P = P_q * P_x.
+    docs: [N, n] the raw doc embeddings (the dot logit of a residual MoL), else None.
   """
   items: jnp.ndarray
   avg: jnp.ndarray
+  docs: jnp.ndarray | None = None
 
 
-def index_from_components(items: jnp.ndarray, p_q: int) -> MolIndex:
-  """Builds the tables from item components (N, P_x, d_P) and the query component count P_q."""
+def index_from_components(items: jnp.ndarray, p_q: int,
+                          docs: jnp.ndarray | None = None) -> MolIndex:
+  """Builds the tables from item components (N, P_x, d_P), the query component count P_q and,
+  for a residual MoL, the raw doc embeddings docs [N, n]."""
   items = jnp.asarray(items, jnp.float32)
-  return MolIndex(items=items, avg=jnp.sum(items, axis=1) / (p_q * items.shape[1]))
+  docs = None if docs is None else jnp.asarray(docs, jnp.float32)
+  return MolIndex(items=items, avg=jnp.sum(items, axis=1) / (p_q * items.shape[1]), docs=docs)
 
 
 @functools.partial(jax.jit, static_argnames=("mol",))
@@ -274,12 +284,13 @@ def build_index(mol: nn.Module, params: Any, *docs: np.ndarray | jnp.ndarray,
     chunk: docs per call.
 
   Returns:
-    The `MolIndex` (N, P_x, d_P) + (N, d_P).
+    The `MolIndex` (N, P_x, d_P) + (N, d_P) (+ the raw docs [N, n] for a residual MoL).
   """
   n = docs[0].shape[0]
   parts = [_item_components(params, *(x[i:i + chunk] for x in docs), mol=mol)
            for i in range(0, n, chunk)]
-  return index_from_components(jnp.concatenate(parts, axis=0), mol.p_q)
+  return index_from_components(jnp.concatenate(parts, axis=0), mol.p_q,
+                               docs[0] if mol.residual == "dot" else None)
 
 
 @flax.struct.dataclass
@@ -289,13 +300,15 @@ class MolSource:
   Attributes:
     qc: (B, P_q, d_P) query components (`mol.query_components`).
     index: the doc-side tables.
-    params: the scorer's params (only the gate's are used here).
+    params: the scorer's params (only the gate's, and a residual MoL's lam, are used here).
     mol: the `Mol` module (static).
+    q: [B, n] the raw queries (the dot logit of a residual MoL), else None.
   """
   qc: jnp.ndarray
   index: MolIndex
   params: Any
   mol: nn.Module = flax.struct.field(pytree_node=False)
+  q: jnp.ndarray | None = None
 
   @property
   def num_items(self) -> int:
@@ -307,10 +320,22 @@ class MolSource:
     """The largest value a logit can take (normalised components): 1 / temperature."""
     return 1.0 / self.mol.temperature
 
+  def _raw(self) -> tuple[jnp.ndarray, jnp.ndarray] | None:
+    """(q [B, n], docs [N, n]) of a residual MoL, None for the plain one."""
+    if self.mol.residual == "none":
+      return None
+    require(self.q is not None and self.index.docs is not None, "a residual MoL's source needs "
+            "the raw queries (MolSource q=...) and an index of the raw docs (build_index)",
+            field="model.residual")
+    return self.q, self.index.docs
+
   def logits(self, start: jnp.ndarray | int, size: int) -> jnp.ndarray:
     """Logits of items [start, start + size): (B, size, P)."""
     ic = jax.lax.dynamic_slice_in_dim(self.index.items, start, size, axis=0)
-    return outer_logits(self.qc, ic, self.mol.temperature)
+    out = outer_logits(self.qc, ic, self.mol.temperature)
+    if (raw := self._raw()) is None:
+      return out
+    return with_dot_logit(out, raw[0] @ jax.lax.dynamic_slice_in_dim(raw[1], start, size).T)
 
   def avg_scores(self, start: jnp.ndarray | int, size: int) -> jnp.ndarray:
     """Mean logit of items [start, start + size) from the avg table: [B, size]."""
@@ -319,7 +344,10 @@ class MolSource:
 
   def logits_at(self, ids: jnp.ndarray) -> jnp.ndarray:
     """Logits of each query's own candidates, ids [B, C] in [0, N): (B, C, P)."""
-    return outer_logits(self.qc, self.index.items[ids], self.mol.temperature)
+    out = outer_logits(self.qc, self.index.items[ids], self.mol.temperature)
+    if (raw := self._raw()) is None:
+      return out
+    return with_dot_logit(out, jnp.einsum("bn,bcn->bc", raw[0], raw[1][ids]))
 
   def component_topk(self, k: int) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Top k items of every component logit: (vals (B, P, k), ids (B, P, k)), -inf / -1 padded.
@@ -556,8 +584,18 @@ def exact_two_pass(src: Source, k: int, max_range: int = 4096,
     return _exact_two_pass(src, k, max_range, chunk)
 
 
+def _require_bounded(src: Source) -> None:
+  """InputError for a residual MoL, whose score may exceed its largest logit (module docstring):
+  the algorithms that rest on phi <= max_p l_p do not apply to it."""
+  if isinstance(src, MolSource):
+    require(src.mol.residual == "none", f"the residual MoL (residual {src.mol.residual!r}) "
+            "mixes with an unconstrained weight, so its score is not bounded by its largest "
+            "logit; only brute_force retrieves with it exactly", field="model.residual")
+
+
 def _exact_two_pass(src: Source, k: int, max_range: int, chunk: int) -> MolTopK:
   """The body of `exact_two_pass` (traced under float32 matmul precision)."""
+  _require_bounded(src)
   num_p = src.logits(0, 1).shape[-1]
 
   comp_ids = src.component_topk(k)[1]
@@ -587,6 +625,7 @@ def _approx(src: Source, k: int, n1: int, n2: int, tight: bool, chunk: int,
             selection: str = "xla", method: str | None = None) -> MolTopK:
   """CombTopK(n1, n2) with its gap bounds; n2 = 0 is TopKPerEmbd(n1), n1 = 0 is TopKAvg(n2);
   `selection`, `method`: the strategy and XLA method of the top-n2 selection (`avg_top_n`)."""
+  _require_bounded(src)
   num_items = src.num_items
   batch = src.logits(0, 1).shape[0]
   num_p = src.logits(0, 1).shape[-1]

@@ -136,8 +136,10 @@ def score_topk(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, k: in
     # Item components once; each query batch then runs the jitted exact scan of mol_topk.
     index = mol_topk.build_index(module, params, *_as_tuple(d_feats), chunk=doc_chunk)
     qc = module.apply(variables, *_as_tuple(q_feats), method=module.query_components)
-    outs = [mol_topk.brute_force(mol_topk.MolSource(qc[s:s + MOL_QUERY_CHUNK], index, params,
-                                                    module), k)
+    raw = _as_tuple(q_feats)[0] if module.residual == "dot" else None  # the residual's dot logit
+    outs = [mol_topk.brute_force(mol_topk.MolSource(
+        qc[s:s + MOL_QUERY_CHUNK], index, params, module,
+        None if raw is None else jnp.asarray(raw[s:s + MOL_QUERY_CHUNK], jnp.float32)), k)
             for s in range(0, qc.shape[0], MOL_QUERY_CHUNK)]
     if not outs:
       return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)

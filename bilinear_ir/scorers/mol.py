@@ -14,6 +14,21 @@ where the MLP has two layers with SiLU between them and, as in the paper's quest
 and the mixture, as the reference MoL does; since the gate sums to 1, phi <= max_p l_p, the fact
 the top-k algorithms of `bilinear_ir.retrieval.mol_topk` rest on.
 
+Residual MoL (`residual="dot"`, "vector" inputs): the plain dot product of the raw embeddings
+l_dot = <q, x> (not divided by the temperature) is one more logit, the last (index P_q * P_x), and
+
+    phi(q, x) = (1 - lam) * l_dot + lam * sum_p pi_p(q, x) * l_p(q, x)   (p over all P_q*P_x + 1),
+
+pi = softmax(MLP(component logits)) a distribution over the P_q * P_x + 1 logits (the gate sees
+the component logits, whose scale is set by the temperature whatever the embedding's, and weighs
+the dot logit too), lam a learned scalar (param `lam`, shape [1]) that starts at 0. The mixture's
+weights lam * pi + (1 - lam) e_dot sum to 1 and start at exactly 1 on the dot logit and 0
+elsewhere, so step 0 scores exactly as the dot product (the table scorers' upgrade path); lam's
+gradient there, sum_p pi_p l_p - l_dot, is not zero, so it moves (as LoRA's zero factor does).
+lam is not confined to [0, 1] (a clip would stop its gradient at the start), so phi may exceed
+the largest logit: `mol_topk`'s bound-based algorithms refuse the residual form, its brute force
+(what evaluation uses) serves it exactly. `gates` returns pi, the distribution L_MI balances.
+
 Component embeddings (`inputs`):
   "vector": inputs are frozen embeddings [B, n]; each side has its own two-layer MLP
     n -> hidden -> P * d_P (SiLU), as in the paper's recommendation setup (appendix A.2.1).
@@ -30,10 +45,11 @@ trainer passes `*q, *docs`). Shapes below are for "vector"; for "tokens" read [B
 
   score_pairs(q [B, n], d [B, n]) -> [B]
   score_all(q [B, n], docs [N, n]) -> [B, N]
-  score_all_with_gates(q, docs) -> ([B, N], (B, N, P_q*P_x))   (for training with L_MI)
-  logits(q, docs) -> (B, N, P_q*P_x);  gates(q, docs) -> (B, N, P_q*P_x)
+  score_all_with_gates(q, docs) -> ([B, N], (B, N, P))   (for training with L_MI)
+  logits(q, docs) -> (B, N, P);  gates(q, docs) -> (B, N, P)
   query_components(q [B, n]) -> (B, P_q, d_P);  item_components(docs [N, n]) -> (N, P_x, d_P)
   mix(logits (..., P)) -> (phi (...), gates (..., P))
+where P = `num_logits` = P_q * P_x, plus 1 (the dot logit, last) for the residual form.
 
 Memory: `score_all` materialises the (B, N, P) logits and (B, N, gate_hidden) gate activations, fine
 for training batches; retrieval over a corpus goes through `bilinear_ir.retrieval.mol_topk`, which
@@ -43,7 +59,8 @@ Retrieval: MoL has no exact query/doc table factorisation (it is not a `TableSco
 offers is the doc-side tables of `mol_topk.MolIndex`, built once by `mol_topk.build_index`: the item
 components (N, P_x, d_P) (per-component MIPS, the exact two-pass algorithm and MoL re-scoring) and
 the TopKAvg table sum_b g_b(x) / P (N, d_P), whose inner product with sum_a f_a(q) is the mean of
-the P logits (times temperature); any MIPS index can serve either.
+the P logits (times temperature); any MIPS index can serve either. A residual MoL's index also
+keeps the raw docs [N, n] (its dot logit).
 
 Training (paper eq. 4): sampled-softmax / in-batch cross entropy on `score_all` plus
 `mi_weight * bilinear_ir.train.losses.mol_load_balancing_loss(gates)` (alpha = 0.001 in the paper),
@@ -60,6 +77,7 @@ from bilinear_ir.errors import input_error, require
 from bilinear_ir.scorers.multivector import l2_normalize, zero_padding
 
 INPUTS = ("vector", "tokens")
+RESIDUALS = ("none", "dot")  # `Mol.residual`: a plain MoL, or one that starts at the dot product
 
 
 def outer_logits(qc: jnp.ndarray, ic: jnp.ndarray, temperature: float = 1.0) -> jnp.ndarray:
@@ -82,6 +100,12 @@ def outer_logits(qc: jnp.ndarray, ic: jnp.ndarray, temperature: float = 1.0) -> 
   else:
     out = jnp.einsum("bad,bcxd->bcax", qc, ic)
   return out.reshape(out.shape[:2] + (-1,)) / temperature
+
+
+def with_dot_logit(logits: jnp.ndarray, dot: jnp.ndarray) -> jnp.ndarray:
+  """The residual MoL's logits: component logits (..., P_q*P_x) and the dot products (...) of the
+  raw embeddings -> (..., P_q*P_x + 1), the dot product last."""
+  return jnp.concatenate([logits, dot[..., None]], axis=-1)
 
 
 class ComponentMLP(nn.Module):
@@ -179,6 +203,8 @@ class Mol(nn.Module):
       pooling).
     max_len: "tokens": the longest sequence the pooling layer accepts.
     example_len: "tokens": T of `example_inputs`.
+    residual: "none" (the paper's MoL) or "dot" ("vector" inputs only): the dot product of the
+      raw embeddings is one more logit and the mixture starts on it (module docstring).
   """
   registry_name = "mol"
 
@@ -193,6 +219,7 @@ class Mol(nn.Module):
   inputs: str = "vector"
   max_len: int = 512
   example_len: int = 8
+  residual: str = "none"
 
   def setup(self):
     for name in ("p_q", "p_x", "d_p", "hidden", "gate_hidden", "max_len", "example_len"):
@@ -205,6 +232,13 @@ class Mol(nn.Module):
             field="model.inputs")
     require(self.example_len <= self.max_len, f"must be <= max_len={self.max_len}",
             field="model.example_len")
+    require(self.residual in RESIDUALS, f"must be one of {RESIDUALS}, got {self.residual!r}",
+            field="model.residual")
+    require(self.residual == "none" or self.inputs == "vector",
+            f"residual {self.residual!r} needs inputs 'vector' (a dot product of single vectors), "
+            f"got inputs {self.inputs!r}", field="model.residual")
+    if self.residual == "dot":
+      self.lam = self.param("lam", nn.initializers.zeros, (1,), jnp.float32)  # [1]: a tensor
     if self.inputs == "vector":
       self.query_net = ComponentMLP(self.hidden, self.p_q, self.d_p)
       self.item_net = ComponentMLP(self.hidden, self.p_x, self.d_p)
@@ -215,8 +249,8 @@ class Mol(nn.Module):
 
   @property
   def num_logits(self) -> int:
-    """P = P_q * P_x."""
-    return self.p_q * self.p_x
+    """P = P_q * P_x, + 1 for the dot logit of `residual="dot"`."""
+    return self.p_q * self.p_x + (self.residual == "dot")
 
   def example_inputs(self) -> tuple[jnp.ndarray, ...]:
     """`(q [1, n], d [1, n])`, or `(q [1, T, n], q_mask [1, T], d, d_mask)` for "tokens"."""
@@ -245,21 +279,30 @@ class Mol(nn.Module):
     return self.item_net(*docs)
 
   def mix(self, logits: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Gate and mix precomputed logits: (..., P) -> (phi (...), gates (..., P))."""
-    gates = self.gate_net(logits)
-    return jnp.sum(gates * logits, axis=-1), gates
+    """Gate and mix precomputed logits: (..., P) -> (phi (...), gates (..., P)).
+
+    Residual form: the last logit is the dot product; phi = (1 - lam) l_dot + lam sum pi l.
+    """
+    if self.residual == "none":
+      gates = self.gate_net(logits)
+      return jnp.sum(gates * logits, axis=-1), gates
+    gates = self.gate_net(logits[..., :-1])  # the gate sees the P_q * P_x component logits
+    lam = self.lam[0]
+    weights = (lam * gates).at[..., -1].add(1.0 - lam)  # exactly e_dot at lam = 0
+    return jnp.sum(weights * logits, axis=-1), gates
 
   def logits(self, *args: jnp.ndarray) -> jnp.ndarray:
-    """All pairs: q [B, n], docs [N, n] -> (B, N, P_q*P_x)."""
+    """All pairs: q [B, n], docs [N, n] -> (B, N, P)."""
     q, docs = self._split(args)
-    return outer_logits(self.query_components(*q), self.item_components(*docs), self.temperature)
+    out = outer_logits(self.query_components(*q), self.item_components(*docs), self.temperature)
+    return out if self.residual == "none" else with_dot_logit(out, q[0] @ docs[0].T)
 
   def gates(self, *args: jnp.ndarray) -> jnp.ndarray:
-    """All pairs: q [B, n], docs [N, n] -> (B, N, P_q*P_x), each row summing to 1."""
+    """All pairs: q [B, n], docs [N, n] -> (B, N, P), each row summing to 1 (pi)."""
     return self.mix(self.logits(*args))[1]
 
   def score_all_with_gates(self, *args: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """All pairs: q [B, n], docs [N, n] -> (scores [B, N], gates (B, N, P_q*P_x))."""
+    """All pairs: q [B, n], docs [N, n] -> (scores [B, N], gates (B, N, P))."""
     return self.mix(self.logits(*args))
 
   def score_all(self, *args: jnp.ndarray) -> jnp.ndarray:
@@ -271,6 +314,8 @@ class Mol(nn.Module):
     q, d = self._split(args)
     ic = self.item_components(*d)[:, None]  # (B, 1, P_x, d_P): one candidate per query
     logits = outer_logits(self.query_components(*q), ic, self.temperature)[:, 0]
+    if self.residual == "dot":
+      logits = with_dot_logit(logits, jnp.sum(q[0] * d[0], axis=-1))
     return self.mix(logits)[0]
 
   def __call__(self, *args: jnp.ndarray) -> jnp.ndarray:

@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 
 from bilinear_ir.errors import input_error
+from bilinear_ir.scorers import adapter
 from bilinear_ir.scorers import bilinear
 from bilinear_ir.scorers import dot
 from bilinear_ir.scorers import mol
@@ -22,9 +23,9 @@ from bilinear_ir.scorers import multivector
 from bilinear_ir.scorers import token_interaction
 
 SCORERS: dict[str, type[nn.Module]] = {cls.registry_name: cls for cls in (
-    dot.Dot, dot.WeightedDot, bilinear.Bilinear, bilinear.LowRank, mol.Mol, multivector.MEBERT,
-    token_interaction.ColBERT, token_interaction.SeparableLITE, token_interaction.FlattenedLITE,
-    token_interaction.KNRM)}
+    dot.Dot, dot.WeightedDot, bilinear.Bilinear, bilinear.LowRank, adapter.QueryAdapter, mol.Mol,
+    multivector.MEBERT, token_interaction.ColBERT, token_interaction.SeparableLITE,
+    token_interaction.FlattenedLITE, token_interaction.KNRM)}
 
 
 def names() -> list[str]:

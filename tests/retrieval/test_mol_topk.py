@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from bilinear_ir import scorers
+from bilinear_ir.errors import InputError
 from bilinear_ir.retrieval import mol_topk as mt
+from bilinear_ir.retrieval import ranking
 
 # Appendix B, Table 6: items a..e, two components, K = 2.
 TABLE6_LOGITS = [[1.0, 1.0], [0.8, 0.0], [0.0, 0.8], [0.7, 0.0], [0.2, 0.2]]
@@ -238,3 +240,41 @@ def test_shapes_padding_and_index():
                                -np.sort(-np.asarray(module.apply(
                                    {"params": params}, q, docs, method=module.score_all)), axis=1),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_residual_mol_brute_force_is_exact_and_bound_algorithms_refuse_it(monkeypatch):
+  """The residual MoL (dot product as logit P + 1, unconstrained lam): the index keeps the raw
+  docs, brute force and `ranking.score_topk` equal its `score_all`; the algorithms that rest on
+  phi <= max_p l_p refuse it."""
+  monkeypatch.setattr(ranking, "MOL_QUERY_CHUNK", 4)  # 3 query batches
+  module = scorers.build("mol", dim=6, p_q=2, p_x=3, d_p=4, hidden=5, gate_hidden=4,
+                         residual="dot")
+  params = dict(scorers.init_params(module, jax.random.key(0)), lam=jnp.full((1,), 1.7, jnp.float32))  # > 1
+  rng = np.random.default_rng(4)
+  q = rng.normal(size=(10, 6)).astype(np.float32)
+  docs = rng.normal(size=(37, 6)).astype(np.float32)
+  with jax.default_matmul_precision("float32"):
+    full = np.asarray(module.apply({"params": params}, q, docs, method=module.score_all))
+    logits = np.asarray(module.apply({"params": params}, q, docs, method=module.logits))
+    assert np.any(full > logits.max(-1) + 1e-3)  # not bounded by its largest logit
+    index = mt.build_index(module, params, docs, chunk=8)
+    np.testing.assert_array_equal(index.docs, docs)
+    qc = module.apply({"params": params}, q, method=module.query_components)
+    src = mt.MolSource(qc, index, params, module, jnp.asarray(q))
+    np.testing.assert_allclose(src.logits(0, 37), logits, rtol=1e-5, atol=1e-5)
+    ids = rng.integers(0, 37, (10, 5))
+    np.testing.assert_allclose(src.logits_at(jnp.asarray(ids)),
+                               np.take_along_axis(logits, ids[..., None], 1), rtol=1e-5,
+                               atol=1e-5)
+    bf = mt.brute_force(src, k=6, chunk=8)
+    idx, scores = ranking.score_topk(module, params, q, docs, 6)
+  want = np.lexsort((np.broadcast_to(np.arange(37), full.shape), -full), axis=1)[:, :6]
+  np.testing.assert_array_equal(bf.ids, want)
+  np.testing.assert_allclose(bf.scores, np.take_along_axis(full, want, 1), rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(idx, want)
+  for run in (lambda s: mt.exact_two_pass(s, k=3), lambda s: mt.topk_per_embedding(s, k=3, n=4),
+              lambda s: mt.topk_avg(s, k=3, n=8), lambda s: mt.comb_topk(s, k=3, n1=2, n2=4)):
+    with pytest.raises(InputError, match="not bounded by its largest logit"):
+      run(src)
+  with pytest.raises(InputError, match="needs the raw queries"):
+    mt.brute_force(mt.MolSource(qc, index, params, module), k=3)

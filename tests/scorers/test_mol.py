@@ -199,3 +199,95 @@ def test_training_loss_is_cross_entropy_plus_weighted_mi():
   np.testing.assert_allclose(value, ce + 0.001 * _np_mi(g), rtol=1e-5)
   norms = [float(jnp.linalg.norm(x)) for x in jax.tree.leaves(grads)]
   assert all(np.isfinite(norms)) and all(n > 0 for n in norms)  # every part learns
+
+
+# ----- the residual MoL: the dot product is one more logit and the mixture starts on it -----
+
+def _residual_mol(**kw):
+  return scorers.build("mol", dim=N_DIM, p_q=2, p_x=3, d_p=5, hidden=7, gate_hidden=6,
+                       temperature=0.3, residual="dot", **kw)
+
+
+def test_residual_mol_at_step_zero_scores_exactly_as_dot():
+  """lam = 0 at init: every score is q . d (float32), whatever the random MoL part says."""
+  module = _residual_mol()
+  params = scorers.init_params(module, jax.random.key(5))
+  q, docs = _random(20, 6, N_DIM), _random(21, 40, N_DIM)
+  dot = q.astype(np.float64) @ docs.T.astype(np.float64)
+  got = np.asarray(module.apply({"params": params}, q, docs, method=module.score_all))
+  pairs = np.asarray(module.apply({"params": params}, q, docs[:6], method=module.score_pairs))
+  diff = max(np.abs(got - dot).max(), np.abs(pairs - np.diag(dot[:, :6])).max())
+  print(f"residual MoL at step 0 vs dot: max abs diff {diff:.3g} (scores up to "
+        f"{np.abs(dot).max():.3g})")
+  assert diff <= 1e-5 * np.abs(dot).max()
+  np.testing.assert_array_equal(params["lam"], [0.0])
+  # The MoL part is not the dot product: only the start makes the scores equal.
+  moved = dict(params, lam=jnp.full((1,), 0.5, jnp.float32))
+  assert np.abs(np.asarray(module.apply({"params": moved}, q, docs, method=module.score_all))
+                - dot).max() > 1e-2
+
+
+def test_residual_mol_matches_numpy_twin():
+  """phi = (1 - lam) q.d + lam sum_p pi_p l_p, pi = softmax over P + 1 of the gate MLP of the P
+  component logits, the dot logit last and not divided by the temperature."""
+  module = _residual_mol()
+  params = _perturbed(scorers.init_params(module, jax.random.key(0)), seed=3)
+  lam = float(params["lam"][0])
+  assert lam != 0.0 and np.asarray(params["gate_net"]["out"]["kernel"]).shape == (6, 7)
+  q, docs = _random(1, 4, N_DIM), _random(2, 9, N_DIM)
+  apply = lambda method, *a: np.asarray(module.apply({"params": params}, *a, method=method))
+  qc = _mlp_components(params["query_net"], q, 2, 5)
+  ic = _mlp_components(params["item_net"], docs, 3, 5)
+  comp = np.einsum("bad,nxd->bnax", qc, ic).reshape(4, 9, 6) / 0.3
+  dot = _np(q) @ _np(docs).T
+  logits = np.concatenate([comp, dot[..., None]], axis=-1)
+  gates = _softmax(_dense(params["gate_net"]["out"],
+                          _silu(_dense(params["gate_net"]["hidden"], comp))))
+  phi = (1 - lam) * dot + lam * (gates * logits).sum(-1)
+  assert module.num_logits == 7
+  np.testing.assert_allclose(apply(module.logits, q, docs), logits, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(apply(module.gates, q, docs), gates, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(apply(module.score_all, q, docs), phi, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(apply(module.score_pairs, q, docs[:4]), np.diag(phi[:, :4]),
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_residual_mol_learns_from_the_start():
+  """At init only lam has a gradient (sum pi l - l_dot, not zero); once lam moves, every part
+  does (the zero-factor start of LoRA)."""
+  module = _residual_mol()
+  params = scorers.init_params(module, jax.random.key(2))
+  q, docs = jnp.asarray(_random(7, 4, N_DIM)), jnp.asarray(_random(8, 4, N_DIM))
+  loss = lambda p: losses.softmax_cross_entropy(
+      module.apply({"params": p}, q, docs, method=module.score_all), jnp.arange(4))
+  grads = jax.grad(loss)(params)
+  assert abs(float(grads["lam"][0])) > 1e-4
+  moved = jax.grad(loss)(dict(params, lam=params["lam"] - 1e-3 * jnp.sign(grads["lam"])))
+  norms = [float(jnp.linalg.norm(x)) for x in jax.tree.leaves(moved)]
+  assert all(np.isfinite(norms)) and all(n > 0 for n in norms)
+
+
+def test_residual_mol_options_are_checked():
+  with pytest.raises(InputError, match="model.residual"):
+    scorers.init_params(scorers.build("mol", dim=4, residual="identity"), jax.random.key(0))
+  with pytest.raises(InputError, match="needs inputs 'vector'"):
+    scorers.init_params(scorers.build("mol", dim=4, residual="dot", inputs="tokens",
+                                      example_len=2, max_len=4), jax.random.key(0))
+  # The model block's default residual ("none", low-rank's option) builds the plain MoL.
+  plain = scorers.init_params(scorers.build("mol", dim=4, residual="none"), jax.random.key(0))
+  assert "lam" not in plain
+
+
+def test_residual_mol_survives_the_saved_model_round_trip(tmp_path):
+  """The option and lam come back; the scores are the same."""
+  from bilinear_ir.export import saved_model  # pylint: disable=g-import-not-at-top
+  module = _residual_mol()
+  params = _perturbed(scorers.init_params(module, jax.random.key(1)), seed=9)
+  saved_model.save_model(str(tmp_path / "m"), module, params, {"kind": "precomputed"})
+  got_module, got, config = saved_model.load_model(str(tmp_path / "m"))
+  assert got_module == module and config["options"]["residual"] == "dot"
+  np.testing.assert_array_equal(got["lam"], params["lam"])
+  q, docs = _random(30, 3, N_DIM), _random(31, 5, N_DIM)
+  np.testing.assert_array_equal(
+      np.asarray(got_module.apply({"params": got}, q, docs, method=got_module.score_all)),
+      np.asarray(module.apply({"params": params}, q, docs, method=module.score_all)))
