@@ -28,6 +28,7 @@ from bilinear_ir.errors import require
 from bilinear_ir.eval import metrics as metrics_lib
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import spec
+from bilinear_ir.retrieval import ranking
 from bilinear_ir.train import losses
 from bilinear_ir.train import teachers
 from bilinear_ir.train import trainer
@@ -146,8 +147,11 @@ def training_data(row: spec.Row, prepared: pipeline.Prepared,
   """
   tcfg, emb = row.train, prepared.embeddings
   source = tcfg.get("source", "qrels")
-  hard_depth = tcfg.hard_depth if tcfg.hard_negatives else 0
   negatives_from = tcfg.get("negatives_from", "bm25")
+  # "mined" and "corpus" negatives come from the model in `trainer.fit`: no pool from the data.
+  from_data = negatives_from not in trainer.MODEL_NEGATIVES
+  hard_depth = tcfg.hard_depth if tcfg.hard_negatives and from_data else 0
+  negatives_from = negatives_from if from_data else "bm25"
   n = prepared.collection.num_docs
   if source == "qrels":
     ts, rows = pipeline.trainset(prepared, splitset.train, hard_depth, negatives_from)
@@ -263,12 +267,16 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
     if data.source == "ict" and int(tcfg.steps) == 0:
       tcfg = copy.deepcopy(tcfg)
       tcfg.epochs = int(tcfg.ict.epochs)
+    mine = None
+    if tcfg.get("negatives_from", "bm25") == "mined":  # the current model's exact top k
+      corpus = data.docs[:prepared.collection.num_docs]
+      mine = lambda p, k: ranking.score_topk(module, p, data.queries, corpus, k)[0]
     result = trainer.fit(module, params, data.queries, data.docs, data.trainset, tcfg,
                          row.seed, evaluate=on_dev,
                          checkpoint_dir=os.path.join(workdir, "checkpoints") if workdir else None,
                          log_dir=(os.path.join(workdir, "tb")
                                   if workdir and tcfg.get("tensorboard", False) else None),
-                         aux_loss=aux_loss, progress=progress)
+                         aux_loss=aux_loss, progress=progress, mine=mine)
     params, history, best_step, temperature = (result.params, result.history, result.best_step,
                                                result.temperature)
   else:
