@@ -62,8 +62,8 @@ def corpus_softmax_cross_entropy(positive: jnp.ndarray, chunk_scores, docs: jnp.
   not in `excluded[b]` (its judged-relevant docs, the positive included, which enters once as
   `positive`): `softmax_cross_entropy` over the whole corpus with the same mask. The log-sum-exp
   runs over doc chunks (a scan with a running max; each chunk's scores are recomputed in the
-  backward pass, `jax.checkpoint`), so memory holds one [B, chunk] block of scores, never
-  [B, N], and the gradient is exact.
+  backward pass, `jax.checkpoint`), so memory holds one [B, chunk] block of scores (and its
+  [B, chunk, R] comparisons with `excluded`), never [B, N], and the gradient is exact.
 
   Args:
     positive: [B] score of each query's positive (it may lie outside `docs`).

@@ -209,6 +209,7 @@ def test_train_and_evaluate_with_model_negatives_lowers_the_train_loss(beir_prep
   validation.check_train(c.train)
   splitset = pipeline.splits(prepared.collection, c.data, c.seed)[0]
   out = training.train_and_evaluate(spec_lib.Row.of(c), prepared, splitset, progress=False)
+  assert out["negatives_from"] == negatives_from
   loss = [h["loss"] for h in out["history"]]
   assert len(loss) == 30 and np.all(np.isfinite(loss))
   assert np.mean(loss[-5:]) < 0.8 * np.mean(loss[:5]), loss
