@@ -69,25 +69,28 @@ def corpus_softmax_cross_entropy(positive: jnp.ndarray, chunk_scores, docs: jnp.
     positive: [B] score of each query's positive (it may lie outside `docs`).
     chunk_scores: docs chunk [c, ...] -> [B, c] scores of the batch's queries against it
       (e.g. `query_table(q) @ doc_table(chunk).T`).
-    docs: [N, ...] the corpus (its last chunk is zero-padded; padded rows never count).
+    docs: [N, ...] the corpus.
     excluded: [B, R] int doc rows left out of query b's negatives (-1: none).
     temperature: scores are divided by it.
-    chunk: docs per chunk (>= 1).
+    chunk: docs per chunk (>= 1; N if larger).
 
   Returns:
     scalar mean over the batch.
   """
   n = docs.shape[0]
-  chunks = -(-n // chunk)
-  padded = jnp.pad(docs, [(0, chunks * chunk - n)] + [(0, 0)] * (docs.ndim - 1))
+  chunk = min(chunk, n)
   pos = positive / temperature
 
   @jax.checkpoint
-  def body(carry, xs):
+  def body(carry, first):
     m, s = carry  # [B] running max (held constant in the gradient) and sum of exp(x - m)
-    block, first = xs
-    cols = first + jnp.arange(chunk)  # [c] doc rows of the chunk
-    valid = (cols < n)[None, :] & ~jnp.any(cols[None, :, None] == excluded[:, None, :], axis=-1)
+    # The last chunk is slid back to end at row n (no padded copy of the docs); its rows before
+    # `first`, counted by the chunk before, are left out.
+    start = jnp.minimum(first, n - chunk)
+    cols = start + jnp.arange(chunk)  # [c] doc rows of the chunk
+    valid = (cols >= first)[None, :] & ~jnp.any(cols[None, :, None] == excluded[:, None, :],
+                                                axis=-1)
+    block = jax.lax.dynamic_slice_in_dim(docs, start, chunk)
     x = jnp.where(valid, chunk_scores(block) / temperature, -jnp.inf)  # [B, c]
     m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(x, axis=-1)))
     s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(x - m_new[:, None]), axis=-1)
@@ -95,9 +98,7 @@ def corpus_softmax_cross_entropy(positive: jnp.ndarray, chunk_scores, docs: jnp.
 
   # The positive starts the sum: the max is finite from the start and the sum >= 1.
   m0 = jax.lax.stop_gradient(pos)
-  (m, s), _ = jax.lax.scan(body, (m0, jnp.exp(pos - m0)),
-                           (padded.reshape(chunks, chunk, *docs.shape[1:]),
-                            jnp.arange(chunks) * chunk))
+  (m, s), _ = jax.lax.scan(body, (m0, jnp.exp(pos - m0)), jnp.arange(0, n, chunk))
   return jnp.mean(m + jnp.log(s) - pos)
 
 

@@ -96,6 +96,23 @@ def test_corpus_softmax_loss_and_gradient_equal_the_float64_twin(chunk):
   assert abs(float(unmasked) - want) > 1e-2
 
 
+def test_corpus_softmax_gradient_never_holds_a_query_by_corpus_block():
+  """Compiled (not run): the loss + gradient's scratch memory stays far below one [B, N] float32
+  block (the chunk scores are recomputed in the backward pass, and the docs are not copied)."""
+  B, n_docs, w, chunk = 64, 100_000, 16, 2048
+
+  def loss(q, W, docs, excluded):
+    positive = jnp.sum(q * (docs[:B] @ W.T), axis=-1)
+    return losses.corpus_softmax_cross_entropy(positive, lambda block: q @ (block @ W.T).T, docs,
+                                               excluded, T, chunk)
+
+  shapes = [jax.ShapeDtypeStruct(s, d) for s, d in [((B, w), jnp.float32), ((w, w), jnp.float32),
+                                                    ((n_docs, w), jnp.float32), ((B, 3), jnp.int32)]]
+  compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(*shapes).compile()
+  scratch = compiled.memory_analysis().temp_size_in_bytes
+  assert scratch < B * n_docs * 4 / 8, scratch
+
+
 def test_trainer_corpus_loss_is_the_in_batch_softmax_over_every_doc():
   """The step's corpus loss (bilinear scorer, relevant rows from the TrainSet) equals the twin,
   and, where the positives lie in the corpus, today's masked softmax over all N docs as
