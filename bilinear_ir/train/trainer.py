@@ -102,11 +102,12 @@ def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_fe
   """
   q, docs = _gather(q_feats, q_rows), _gather(d_feats, cand_rows)
   if hp.corpus_docs:
-    apply = lambda method, x: module.apply({"params": p}, x, method=method)
-    qt = apply(module.query_table, *q)  # [B, w]
-    positive = jnp.sum(qt * apply(module.doc_table, *docs), axis=-1)  # [B]
+    # The scorer's own pair / all-pairs products (e.g. bilinear's (q W) d^T: n^2 B flops per
+    # chunk, not n^2 N for the doc table).
+    apply = lambda method, *x: module.apply({"params": p}, *x, method=method)
+    positive = apply(module.score_pairs, *q, *docs)  # [B]
     loss = losses.corpus_softmax_cross_entropy(
-        positive, lambda block: qt @ apply(module.doc_table, block).T,
+        positive, lambda block: apply(module.score_all, *q, block),
         _as_tuple(d_feats)[0][:hp.corpus_docs], relevant, hp.temperature, hp.corpus_chunk)
   else:
     scores = module.apply({"params": p}, *q, *docs, method=module.score_all)  # [B, C]

@@ -21,7 +21,7 @@ from bilinear_ir.retrieval import ranking
 from bilinear_ir.train import losses
 from bilinear_ir.train import trainer
 
-from conftest import random_prepared, write_beir
+from conftest import perturbed_params, random_prepared, write_beir
 
 N, DIM, T = 50, 8, 0.7
 
@@ -113,17 +113,21 @@ def test_corpus_softmax_gradient_never_holds_a_query_by_corpus_block():
   assert scratch < B * n_docs * 4 / 8, scratch
 
 
-def test_trainer_corpus_loss_is_the_in_batch_softmax_over_every_doc():
-  """The step's corpus loss (bilinear scorer, relevant rows from the TrainSet) equals the twin,
-  and, where the positives lie in the corpus, today's masked softmax over all N docs as
-  candidates (`positive_mask`: every judged doc of the query out, its positive in)."""
+def _corpus_step(batch_size: int) -> trainer.StepConfig:
+  """The step of a corpus softmax over the first N doc rows, chunks of 16 (50 = 3 * 16 + 2)."""
+  return trainer.StepConfig(loss="softmax", temperature=T, margin=1.0, batch_size=batch_size,
+                            negatives=0, l2_to_init=0.0, lr=1e-3, warmup_steps=1, total_steps=2,
+                            end_lr_fraction=0.1, weight_decay=0.0, clip_norm=1.0,
+                            corpus_docs=N, corpus_chunk=16)
+
+
+def test_trainer_corpus_loss_and_gradient_equal_the_twin():
+  """The step's corpus loss and its gradient (bilinear scorer, relevant rows from the TrainSet,
+  a positive outside the corpus) equal the float64 twin."""
   docs, qs, W, ts, q_rows, pos_rows = _data(1)
   module = scorers.build("bilinear", dim=DIM)
   params = {"W": jnp.asarray(W, jnp.float32)}
-  hp = trainer.StepConfig(loss="softmax", temperature=T, margin=1.0, batch_size=6, negatives=0,
-                          l2_to_init=0.0, lr=1e-3, warmup_steps=1, total_steps=2,
-                          end_lr_fraction=0.1, weight_decay=0.0, clip_norm=1.0,
-                          corpus_docs=N, corpus_chunk=16)
+  hp = _corpus_step(6)
   args = (jnp.asarray(qs, jnp.float32), jnp.asarray(docs, jnp.float32), q_rows, pos_rows,
           None, None, jnp.asarray(ts.relevant_rows(q_rows)))
   step_loss = lambda p: trainer._loss(module, hp, None, p, p, *args)  # pylint: disable=protected-access
@@ -132,16 +136,29 @@ def test_trainer_corpus_loss_is_the_in_batch_softmax_over_every_doc():
   want, _, want_dw = _twin(docs, qs, W, ts, pos_rows)
   np.testing.assert_allclose(float(got), want, rtol=1e-5)
   np.testing.assert_allclose(np.asarray(grad["W"]), want_dw, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,kw", [("dot", {}), ("wdp", {}), ("bilinear", {}),
+                                     ("lowrank", {"rank": 3, "residual": "identity"}),
+                                     ("lowrank", {"rank": 3, "residual": "none"})])
+def test_every_table_scorer_trains_on_the_masked_softmax_over_the_corpus(name, kw):
+  """The step's corpus loss of each table scorer equals its masked softmax over all N docs as
+  candidates (`score_all`; every judged doc of the query out, its positive in)."""
+  docs, qs, _, ts, q_rows, pos_rows = _data(2)
   inside = pos_rows < N
-  cand = np.arange(N)
-  mask = ~ts.positive_mask(q_rows[inside], cand)
-  mask[np.arange(inside.sum()), pos_rows[inside]] = True
-  scores = qs[inside] @ W @ docs[:N].T
-  dense = losses.softmax_cross_entropy(jnp.asarray(scores, jnp.float32),
-                                       jnp.asarray(pos_rows[inside]), jnp.asarray(mask), T)
-  in_corpus = _twin(docs, qs[inside], W, TrainSet(ts.pairs[ts.pairs[:, 0] < 5], 5, N),
-                    pos_rows[inside])[0]
-  np.testing.assert_allclose(float(dense), in_corpus, rtol=1e-5)
+  module = scorers.build(name, dim=DIM, **kw)
+  params = perturbed_params(module, 3)
+  hp = _corpus_step(5)
+  q, d = jnp.asarray(qs, jnp.float32), jnp.asarray(docs, jnp.float32)
+  rows = q_rows[inside]
+  with jax.default_matmul_precision("float32"):
+    got = trainer._loss(module, hp, None, params, params, q, d, rows, pos_rows[inside], None,  # pylint: disable=protected-access
+                        None, jnp.asarray(ts.relevant_rows(rows)))
+    scores = module.apply({"params": params}, q[rows], d[:N], method=module.score_all)
+  mask = ~ts.positive_mask(rows, np.arange(N))
+  mask[np.arange(len(rows)), pos_rows[inside]] = True
+  want = losses.softmax_cross_entropy(scores, jnp.asarray(pos_rows[inside]), jnp.asarray(mask), T)
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
 
 
 def _random_trainset(rng, num_queries=30, num_docs=60):
