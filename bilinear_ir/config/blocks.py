@@ -212,10 +212,20 @@ def train_config() -> ml_collections.ConfigDict:
     batch_size: pairs per step B (a multiple of the device count is used).
     hard_negatives: negatives per query from the hard pool (`negatives_from`).
     hard_depth: depth of the hard-negative pool.
-    negatives_from: where the hard pool comes from: "bm25" (each query's BM25 top `hard_depth`
-      minus its positives) or "dataset" (the first `hard_depth` non-relevant docs the collection
-      itself lists for the query, `Collection.negatives`: InsuranceQA's 200 per question).
-      ICT pairs (`source` "ict", "both") always take their span's BM25 ranking.
+    negatives_from: where the negatives come from: "bm25" (hard pool: each query's BM25 top
+      `hard_depth` minus its positives), "dataset" (hard pool: the first `hard_depth`
+      non-relevant docs the collection itself lists for the query, `Collection.negatives`:
+      InsuranceQA's 200 per question), "mined" (hard pool: the current model's top
+      `hard_depth` minus every doc judged relevant to the query, ranked again every
+      `refresh_every` steps; needs `hard_negatives` >= 1) or "corpus" (no pool: each query's
+      softmax runs over every corpus doc not judged relevant to it, exact, in chunks of
+      `corpus_chunk` docs; `hard_negatives`, `random_negatives` and `in_batch` are then unused;
+      table scorers only (dot, wdp, bilinear, lowrank), loss "softmax"). The softmax
+      temperature follows `auto_temperature` whatever the source. ICT pairs (`source` "ict",
+      "both") take their span's BM25 ranking for "bm25" and "dataset".
+    refresh_every: steps between two minings of the "mined" pool (the first at step 0).
+    corpus_chunk: docs per chunk of the "corpus" softmax: one step holds a [B, corpus_chunk]
+      block of scores and the chunk's doc table, never [B, N].
     random_negatives: negatives per query drawn uniformly from the corpus.
     in_batch: other queries' candidates count as negatives.
     steps: total optimisation steps (0: `epochs` epochs).
@@ -255,6 +265,8 @@ def train_config() -> ml_collections.ConfigDict:
   c.hard_negatives = 1
   c.hard_depth = 100
   c.negatives_from = "bm25"
+  c.refresh_every = 100
+  c.corpus_chunk = 4096
   c.random_negatives = 1
   c.in_batch = True
   c.steps = 0

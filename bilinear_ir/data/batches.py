@@ -25,6 +25,9 @@ class TrainSet:
       valid entries first and -1 after them where a query has fewer; or None.
     excluded: [E, 2] int (query row, doc row) pairs that are neither positives nor negatives
       (e.g. the doc an inverse-cloze span was cut from); or None.
+
+  Derived: `masked_pairs` [P + E, 2] (the pairs, then the excluded ones: a query's docs that are
+  never its negatives) and `max_relevant` R (the most such docs of any query row).
   """
   pairs: np.ndarray
   num_queries: int
@@ -40,9 +43,22 @@ class TrainSet:
         [self.pairs, np.asarray(self.excluded, np.int64).reshape(-1, 2)])
     # Positives (and excluded docs) per query row, CSR style: docs of row q are
     # _pos_docs[_pos_start[q]:_pos_start[q+1]].
+    self.masked_pairs = masked  # [P + E, 2]: a query's docs that are never its negatives
     order = np.argsort(masked[:, 0], kind="stable")
     self._pos_docs = masked[order, 1]
     self._pos_start = np.searchsorted(masked[order, 0], np.arange(self.num_queries + 1))
+    self.max_relevant = int(np.diff(self._pos_start).max(initial=0))  # R
+
+  def relevant_rows(self, q_rows: np.ndarray) -> np.ndarray:
+    """[B, R] int: the doc rows judged relevant to (or excluded for) each query of `q_rows` [B],
+    -1 padded (R = `max_relevant`, the most of any query row, so every batch has one shape)."""
+    q_rows = np.asarray(q_rows)
+    starts = self._pos_start[q_rows]
+    counts = self._pos_start[q_rows + 1] - starts
+    out = np.full((len(q_rows), max(self.max_relevant, 1)), -1, np.int64)
+    out[np.repeat(np.arange(len(q_rows)), counts),
+        _ranges(np.zeros_like(counts), counts)] = self._pos_docs[_ranges(starts, counts)]
+    return out
 
   def positive_mask(self, q_rows: np.ndarray, cand_rows: np.ndarray) -> np.ndarray:
     """[B, C] bool: is candidate doc `cand_rows[c]` judged relevant to query `q_rows[b]` (or

@@ -28,6 +28,7 @@ from bilinear_ir.errors import require
 from bilinear_ir.eval import metrics as metrics_lib
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import spec
+from bilinear_ir.retrieval import ranking
 from bilinear_ir.train import losses
 from bilinear_ir.train import teachers
 from bilinear_ir.train import trainer
@@ -108,6 +109,16 @@ def bm25_guard(module, params: Any, queries: np.ndarray, docs: np.ndarray,
   return min(lam for lam, v in agreement.items() if v == best), agreement
 
 
+def data_pool(tcfg) -> tuple[int, str]:
+  """(hard_depth, source) of the hard pool the data provides (`pipeline.trainset`) for the `train`
+  block `tcfg`: depth 0 when no hard negatives are drawn, or when `negatives_from` is one the
+  model provides in `trainer.fit` ("corpus", "mined": `trainer.MODEL_NEGATIVES`)."""
+  negatives_from = tcfg.get("negatives_from", "bm25")
+  if negatives_from in trainer.MODEL_NEGATIVES:
+    return 0, "bm25"
+  return (tcfg.hard_depth if tcfg.hard_negatives else 0), negatives_from
+
+
 @dataclasses.dataclass
 class TrainingData:
   """What a model trains and is selected on, whatever the source of its pairs.
@@ -146,8 +157,7 @@ def training_data(row: spec.Row, prepared: pipeline.Prepared,
   """
   tcfg, emb = row.train, prepared.embeddings
   source = tcfg.get("source", "qrels")
-  hard_depth = tcfg.hard_depth if tcfg.hard_negatives else 0
-  negatives_from = tcfg.get("negatives_from", "bm25")
+  hard_depth, negatives_from = data_pool(tcfg)
   n = prepared.collection.num_docs
   if source == "qrels":
     ts, rows = pipeline.trainset(prepared, splitset.train, hard_depth, negatives_from)
@@ -224,7 +234,8 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
 
   Returns:
     {"metrics": test means, "per_query": ..., "dev": best dev metrics, "history", "best_step",
-     "mode", "params", "module", "run", "temperature", "train_source", "ict_pairs",
+     "mode", "params", "module", "run", "temperature", "train_source", "negatives_from",
+     "ict_pairs",
      "ict_guard": None, or {"lam": the blend weight, "agreement": {str(lam): agreement}}}.
   """
   emb = prepared.embeddings
@@ -263,12 +274,16 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
     if data.source == "ict" and int(tcfg.steps) == 0:
       tcfg = copy.deepcopy(tcfg)
       tcfg.epochs = int(tcfg.ict.epochs)
+    mine = None
+    if tcfg.get("negatives_from", "bm25") == "mined":  # the current model's exact top k
+      corpus = data.docs[:prepared.collection.num_docs]
+      mine = lambda p, k: ranking.score_topk(module, p, data.queries, corpus, k)[0]
     result = trainer.fit(module, params, data.queries, data.docs, data.trainset, tcfg,
                          row.seed, evaluate=on_dev,
                          checkpoint_dir=os.path.join(workdir, "checkpoints") if workdir else None,
                          log_dir=(os.path.join(workdir, "tb")
                                   if workdir and tcfg.get("tensorboard", False) else None),
-                         aux_loss=aux_loss, progress=progress)
+                         aux_loss=aux_loss, progress=progress, mine=mine)
     params, history, best_step, temperature = (result.params, result.history, result.best_step,
                                                result.temperature)
   else:
@@ -287,6 +302,7 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
           "history": history, "best_step": best_step, "mode": ecfg.mode, "params": params,
           "run": run, "temperature": temperature, "module": module,
           "train_source": tcfg.get("source", "qrels"),
+          "negatives_from": tcfg.get("negatives_from", "bm25"),
           "ict_pairs": data.ict_pairs if data is not None else 0, "ict_guard": guard}
 
 
@@ -332,9 +348,7 @@ def train_token_model(setting, module, params, tcfg, seed: int,
     checkpoint_dir: where the run checkpoints and resumes (`run_dir`), or None.
   """
   prepared = setting.prepared
-  ts, train_rows = pipeline.trainset(prepared, setting.splitset.train,
-                                     tcfg.hard_depth if tcfg.hard_negatives else 0,
-                                     tcfg.get("negatives_from", "bm25"))
+  ts, train_rows = pipeline.trainset(prepared, setting.splitset.train, *data_pool(tcfg))
   measures = evaluate.dev_measures(tcfg.select_metric)
   scorer = setting.eval_module(module)
   on_dev = None

@@ -189,7 +189,15 @@ def check_train(c, prefix: str = "train") -> None:
   integer(c.batch_size, f("batch_size"), 1)
   integer(c.hard_negatives, f("hard_negatives"), 0)
   integer(c.hard_depth, f("hard_depth"), 1)
-  one_of(c.get("negatives_from", "bm25"), pipeline.NEGATIVE_SOURCES, f("negatives_from"))
+  negatives_from = c.get("negatives_from", "bm25")
+  one_of(negatives_from, pipeline.NEGATIVE_SOURCES + trainer.MODEL_NEGATIVES, f("negatives_from"))
+  if negatives_from == "mined":
+    integer(c.refresh_every, f("refresh_every"), 1)
+    integer(c.hard_negatives, f("hard_negatives"), 1)
+  if negatives_from == "corpus":
+    integer(c.corpus_chunk, f("corpus_chunk"), 1)
+    require(c.loss == "softmax", f"negatives_from 'corpus' needs loss 'softmax', got {c.loss!r}",
+            field=f("loss"))
   integer(c.random_negatives, f("random_negatives"), 0)
   integer(c.steps, f("steps"), 0)
   integer(c.epochs, f("epochs"), 0)

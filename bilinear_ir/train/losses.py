@@ -53,6 +53,55 @@ def softmax_cross_entropy(scores: jnp.ndarray, positive: jnp.ndarray,
   return -jnp.mean(jnp.sum(jnp.where(hit, logp, 0.0), axis=-1))
 
 
+def corpus_softmax_cross_entropy(positive: jnp.ndarray, chunk_scores, docs: jnp.ndarray,
+                                 excluded: jnp.ndarray, temperature: float, chunk: int
+                                 ) -> jnp.ndarray:
+  """Softmax cross entropy of each query's positive against every doc of the corpus, exact.
+
+  Query b's loss is `log(exp(p_b / t) + sum_j exp(s_bj / t)) - p_b / t` over the corpus docs j
+  not in `excluded[b]` (its judged-relevant docs, the positive included, which enters once as
+  `positive`): `softmax_cross_entropy` over the whole corpus with the same mask. The log-sum-exp
+  runs over doc chunks (a scan with a running max; each chunk's scores are recomputed in the
+  backward pass, `jax.checkpoint`), so memory holds one [B, chunk] block of scores (and its
+  [B, chunk, R] comparisons with `excluded`), never [B, N], and the gradient is exact.
+
+  Args:
+    positive: [B] score of each query's positive (it may lie outside `docs`).
+    chunk_scores: docs chunk [c, ...] -> [B, c] scores of the batch's queries against it
+      (e.g. `query_table(q) @ doc_table(chunk).T`).
+    docs: [N, ...] the corpus.
+    excluded: [B, R] int doc rows left out of query b's negatives (-1: none).
+    temperature: scores are divided by it.
+    chunk: docs per chunk (>= 1; N if larger).
+
+  Returns:
+    scalar mean over the batch.
+  """
+  n = docs.shape[0]
+  chunk = min(chunk, n)
+  pos = positive / temperature
+
+  @jax.checkpoint
+  def body(carry, first):
+    m, s = carry  # [B] running max (held constant in the gradient) and sum of exp(x - m)
+    # The last chunk is slid back to end at row n (no padded copy of the docs); its rows before
+    # `first`, counted by the chunk before, are left out.
+    start = jnp.minimum(first, n - chunk)
+    cols = start + jnp.arange(chunk)  # [c] doc rows of the chunk
+    valid = (cols >= first)[None, :] & ~jnp.any(cols[None, :, None] == excluded[:, None, :],
+                                                axis=-1)
+    block = jax.lax.dynamic_slice_in_dim(docs, start, chunk)
+    x = jnp.where(valid, chunk_scores(block) / temperature, -jnp.inf)  # [B, c]
+    m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(x, axis=-1)))
+    s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(x - m_new[:, None]), axis=-1)
+    return (m_new, s), None
+
+  # The positive starts the sum: the max is finite from the start and the sum >= 1.
+  m0 = jax.lax.stop_gradient(pos)
+  (m, s), _ = jax.lax.scan(body, (m0, jnp.exp(pos - m0)), jnp.arange(0, n, chunk))
+  return jnp.mean(m + jnp.log(s) - pos)
+
+
 # Distillation losses of the LITE paper (appendix A.2). Candidates follow softmax_cross_entropy's
 # layout: [B, C] scores, `positive` [B] the positive's column, optional [B, C] bool mask. The
 # one-hot cross entropy over 1 positive + negatives of its Table 5 is softmax_cross_entropy itself.

@@ -6,6 +6,7 @@ best on the dev split.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -21,9 +22,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from bilinear_ir import progress
-from bilinear_ir.data.batches import BatchSampler, TrainSet
+from bilinear_ir.data.batches import BatchSampler, TrainSet, hard_negative_pool
 from bilinear_ir.errors import missing_extra
 from bilinear_ir.errors import require
+from bilinear_ir.scorers.base import TableScorer
 from bilinear_ir.train import losses
 from bilinear_ir.train import teachers
 from bilinear_ir.train.checkpoints import Checkpoints
@@ -33,6 +35,10 @@ DISTILLATION_LOSSES = ("kl", "margin_mse")
 # `train.matmul_precision` values (`jax.default_matmul_precision` names; "default": JAX's own
 # setting). What each backend computes is in `config.blocks.train_config`.
 MATMUL_PRECISIONS = ("default", "bfloat16", "tensorfloat32", "float32", "high", "highest")
+# `train.negatives_from` values the model itself provides (the others are pools read from the data,
+# `data.pipeline.NEGATIVE_SOURCES`): "corpus" (the softmax over every doc) and "mined" (the
+# current model's top `hard_depth`, refreshed every `refresh_every` steps).
+MODEL_NEGATIVES = ("corpus", "mined")
 
 
 def data_mesh() -> jax.sharding.Mesh:
@@ -81,17 +87,42 @@ class StepConfig(NamedTuple):
   clip_norm: float
   teacher_temperature: float = 1.0
   matmul_precision: str = "default"
+  corpus_docs: int = 0  # N > 0: the softmax over doc rows [0, N) (`train.negatives_from` "corpus")
+  corpus_chunk: int = 0  # its docs per chunk
 
 
 def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_feats, q_rows,
-          cand_rows, mask, teacher=None) -> jnp.ndarray:
+          cand_rows, mask, teacher=None, relevant=None) -> jnp.ndarray:
   """The training loss of one batch: q_rows [B], cand_rows [C], mask [B, C] -> scalar.
 
   `teacher` [B, C] (distillation losses only): the teacher's scores of the batch's (query,
-  candidate) pairs.
+  candidate) pairs. `relevant` [B, R] (the corpus softmax only, `hp.corpus_docs` > 0): each
+  query's judged docs, -1 padded; the candidates are then the B positives alone and the
+  negatives every other doc of rows [0, corpus_docs).
   """
   q, docs = _gather(q_feats, q_rows), _gather(d_feats, cand_rows)
-  scores = module.apply({"params": p}, *q, *docs, method=module.score_all)  # [B, C]
+  if hp.corpus_docs:
+    # The scorer's own pair / all-pairs products (e.g. bilinear's (q W) d^T: n^2 B flops per
+    # chunk, not n^2 N for the doc table).
+    apply = lambda method, *x: module.apply({"params": p}, *x, method=method)
+    positive = apply(module.score_pairs, *q, *docs)  # [B]
+    loss = losses.corpus_softmax_cross_entropy(
+        positive, lambda block: apply(module.score_all, *q, block),
+        _as_tuple(d_feats)[0][:hp.corpus_docs], relevant, hp.temperature, hp.corpus_chunk)
+  else:
+    scores = module.apply({"params": p}, *q, *docs, method=module.score_all)  # [B, C]
+    loss = _candidate_loss(hp, scores, mask, teacher)
+  if hp.l2_to_init:
+    loss += hp.l2_to_init * sum(jnp.sum((a - b) ** 2) for a, b in zip(
+        jax.tree.leaves(p), jax.tree.leaves(params0)))
+  if aux_loss is not None:
+    loss += aux_loss(p, q, docs)
+  return loss
+
+
+def _candidate_loss(hp: StepConfig, scores, mask, teacher) -> jnp.ndarray:
+  """The loss over a batch's candidates: scores [B, C], mask [B, C], teacher [B, C] or None
+  -> scalar (`_loss`)."""
   B, M = hp.batch_size, hp.negatives
   if hp.loss == "softmax":
     loss = losses.softmax_cross_entropy(scores, jnp.arange(B), mask, hp.temperature)
@@ -112,22 +143,17 @@ def _loss(module: nn.Module, hp: StepConfig, aux_loss, p, params0, q_feats, d_fe
       neg, valid = scores, mask & (jnp.arange(scores.shape[1])[None, :] != rows)
     hinge = jax.nn.relu(hp.margin - (pos[:, None] - neg))
     loss = jnp.sum(jnp.where(valid, hinge, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
-  if hp.l2_to_init:
-    loss += hp.l2_to_init * sum(jnp.sum((a - b) ** 2) for a, b in zip(
-        jax.tree.leaves(p), jax.tree.leaves(params0)))
-  if aux_loss is not None:
-    loss += aux_loss(p, q, docs)
   return loss
 
 
-def _step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher, module, hp,
-          aux_loss):
+def _step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher, relevant, module,
+          hp, aux_loss):
   """One optimisation step on one batch (q_rows [B], cand_rows [C], mask [B, C], teacher
-  [B, C] or None)."""
+  [B, C] or None, relevant [B, R] or None)."""
   tx = make_optimizer(hp, hp.total_steps)
   loss, grads = jax.value_and_grad(
       lambda p: _loss(module, hp, aux_loss, p, params0, q_feats, d_feats, q_rows, cand_rows,
-                      mask, teacher))(state["params"])
+                      mask, teacher, relevant))(state["params"])
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
   new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
          "step": state["step"] + 1}
@@ -137,8 +163,8 @@ def _step(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher, mo
 
 @functools.partial(jax.jit, static_argnames=("module", "hp", "aux_loss"),
                    donate_argnames=("state",))
-def train_steps(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher=None, *,
-                module, hp, aux_loss=None):
+def train_steps(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teacher=None,
+                relevant=None, *, module, hp, aux_loss=None):
   """L optimisation steps in one call (a `lax.scan` over L batches sampled on the host).
 
   Compiled once per (module, hp, aux_loss, shapes, L), so runs that differ only in seed or data
@@ -153,6 +179,8 @@ def train_steps(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teach
     q_rows [L, B], cand_rows [L, C], mask [L, B, C]: L batches, step order.
     teacher: [L, B, C] the teacher's scores of each batch's (query, candidate) pairs (the
       distillation losses), else None.
+    relevant: [L, B, R] each batch query's judged doc rows, -1 padded (the corpus softmax,
+      `hp.corpus_docs` > 0), else None.
 
   Returns:
     (new state, {"loss", "grad_norm", "param_norm"} each [L], one value per step).
@@ -162,7 +190,7 @@ def train_steps(state, params0, q_feats, d_feats, q_rows, cand_rows, mask, teach
   """
   run = lambda: jax.lax.scan(
       lambda st, batch: _step(st, params0, q_feats, d_feats, *batch, module, hp, aux_loss),
-      state, (q_rows, cand_rows, mask, teacher))
+      state, (q_rows, cand_rows, mask, teacher, relevant))
   if hp.matmul_precision == "default":
     return run()
   with jax.default_matmul_precision(hp.matmul_precision):
@@ -206,7 +234,8 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
         checkpoint_dir: str | None = None, log_dir: str | None = None,
         aux_loss: Callable[[Any, tuple, tuple], jnp.ndarray] | None = None,
         progress: bool = True, stop_after: int | None = None,
-        teacher: teachers.Teacher | None = None) -> FitResult:
+        teacher: teachers.Teacher | None = None,
+        mine: Callable[[Any, int], np.ndarray] | None = None) -> FitResult:
   """Trains `module` from `params` and returns the dev-selected params.
 
   Args:
@@ -229,6 +258,16 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
       "margin_mse") and only by them. It is called on the host for each batch as the batch is
       sampled, and only those [B, C] scores go to the device: memory does not grow with the
       number of queries or docs.
+    mine: `(params, k) -> [Q, k]` int doc rows (< `trainset.num_docs`), each query row's top k
+      under the scorer at `params`, best first: needed by `train.negatives_from = "mined"` and
+      only by it. The hard pool is then each query's top `hard_depth` of that ranking minus its
+      judged docs (never gold), mined again every `refresh_every` steps with the current params
+      (and checkpointed with them, so a resumed run samples what an uninterrupted one would).
+
+  `train.negatives_from = "corpus"` (table scorers, loss "softmax"): each query's softmax runs
+  over its positive and every doc of rows [0, trainset.num_docs) not judged relevant to it
+  (`losses.corpus_softmax_cross_entropy`, chunks of `train.corpus_chunk` docs); hard, random and
+  in-batch negatives are not drawn.
   """
   require(cfg.loss in LOSSES, f"must be one of {LOSSES}, got {cfg.loss!r}", field="train.loss")
   require(cfg.temperature > 0, f"must be > 0, got {cfg.temperature}", field="train.temperature")
@@ -247,11 +286,31 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
             field="train.teacher_temperature")
     require(callable(teacher), f"must be a callable (q_rows, cand_rows) -> [B, C], got "
             f"{type(teacher).__name__}", field="teacher")
+  negatives_from = str(cfg.get("negatives_from", "bm25"))
+  corpus, mined = negatives_from == "corpus", negatives_from == "mined"
+  if corpus:
+    require(isinstance(module, TableScorer), "'corpus' needs a scorer with query/doc tables "
+            f"(dot, wdp, bilinear, lowrank), got {getattr(module, 'registry_name', module)!r}",
+            field="train.negatives_from")
+    require(cfg.loss == "softmax", f"train.negatives_from 'corpus' needs loss 'softmax', got "
+            f"{cfg.loss!r}", field="train.loss")
+    require(int(cfg.corpus_chunk) >= 1, f"must be >= 1, got {cfg.corpus_chunk}",
+            field="train.corpus_chunk")
+  if mined:
+    require(mine is not None, "'mined' needs the current model's ranking of the training "
+            "queries (fit(mine=...)), which this training path does not provide",
+            field="train.negatives_from")
+    require(cfg.hard_negatives >= 1, "train.negatives_from 'mined' draws hard negatives: "
+            f"needs >= 1, got {cfg.hard_negatives}", field="train.hard_negatives")
+    require(int(cfg.refresh_every) >= 1, f"must be >= 1, got {cfg.refresh_every}",
+            field="train.refresh_every")
+    trainset = copy.copy(trainset)  # its pool is replaced at each refresh
+    trainset.hard_negatives = np.full((trainset.num_queries, int(cfg.hard_depth)), -1, np.int64)
   mesh = data_mesh()
   ndev = mesh.devices.size
   batch_size = max(ndev, (min(cfg.batch_size, len(trainset.pairs)) // ndev) * ndev)
-  sampler = BatchSampler(trainset, batch_size, cfg.hard_negatives, cfg.random_negatives,
-                         cfg.in_batch, seed)
+  sampler = BatchSampler(trainset, batch_size, 0 if corpus else cfg.hard_negatives,
+                         0 if corpus else cfg.random_negatives, cfg.in_batch and not corpus, seed)
   require(sampler.batch_size % ndev == 0,
           f"{len(trainset.pairs)} training pairs cannot fill a batch on {ndev} devices",
           field="train.batch_size")
@@ -272,7 +331,9 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
                   end_lr_fraction=float(cfg.end_lr_fraction),
                   weight_decay=float(cfg.weight_decay), clip_norm=float(cfg.clip_norm),
                   teacher_temperature=float(cfg.get("teacher_temperature", 1.0)),
-                  matmul_precision=precision)
+                  matmul_precision=precision,
+                  corpus_docs=trainset.num_docs if corpus else 0,
+                  corpus_chunk=int(cfg.corpus_chunk) if corpus else 0)
   tx = make_optimizer(hp, total)
   # Batches stacked [L, ...]: the batch axis is split over devices, candidates replicated.
   batch_sh = (NamedSharding(mesh, P(None, "data")), repl,
@@ -285,12 +346,17 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   best = {"params": params0}
   record = {"step": 0, "best_step": 0, "best_metric": None, "history": []}
   ckpt = None
+  # What a checkpoint holds: the mined pool too (the one sampled from until the next refresh).
+  saved = lambda: {"state": state, "best": best, **(
+      {"pool": trainset.hard_negatives.astype(np.int32)} if mined else {})}
   if checkpoint_dir:
     ckpt = Checkpoints(checkpoint_dir, cfg.checkpoint_every, cfg.keep_checkpoints)
-    restored = ckpt.restore({"state": state, "best": best})
+    restored = ckpt.restore(saved())
     if restored is not None:
       tree, record = restored
       state, best = jax.device_put(tree["state"], repl), jax.device_put(tree["best"], repl)
+      if mined:
+        trainset.hard_negatives = np.asarray(tree["pool"], np.int64)
   writer = _writer(log_dir)
 
   def evaluate_now(step, loss_value):
@@ -313,13 +379,18 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   bar = _progress(total, start, progress)
   step = start
   while step < total:
+    if mined and step % int(cfg.refresh_every) == 0:
+      trainset.hard_negatives = mined_pool(mine, state["params"], trainset, int(cfg.hard_depth))
     end = _call_end(step, total, int(cfg.steps_per_call), cfg.eval_every,
-                    ckpt.every if ckpt is not None else None, stop_after)
+                    ckpt.every if ckpt is not None else None, stop_after,
+                    int(cfg.refresh_every) if mined else None)
     batches = [sampler.batch(s) for s in range(step, end)]
     args = [jax.device_put(np.stack([getattr(b, f) for b in batches]), s)
             for f, s in zip(("q_rows", "cand_rows", "mask"), batch_sh)]
     args.append(jax.device_put(_teacher_scores(teacher, batches), batch_sh[2]) if distill
                 else None)
+    args.append(jax.device_put(np.stack([trainset.relevant_rows(b.q_rows) for b in batches])
+                               .astype(np.int32), batch_sh[2]) if corpus else None)
     # Dispatched asynchronously: the next call's batches are sampled while this one runs.
     state, stats = steps_fn(state, params0, q_feats, d_feats, *args)
     if bar is not None:
@@ -335,7 +406,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
       evaluate_now(done, float(stats["loss"][-1]))
     record["step"] = done
     if ckpt is not None:
-      ckpt.maybe_save(done, {"state": state, "best": best}, record, force=done == total)
+      ckpt.maybe_save(done, saved(), record, force=done == total)
     if stop_after is not None and done >= stop_after:
       break
   if bar is not None:
@@ -351,6 +422,22 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
                    skipped_steps=int(state["opt_state"].total_notfinite))
 
 
+def mined_pool(mine: Callable[[Any, int], np.ndarray], params: Any, trainset: TrainSet,
+               depth: int) -> np.ndarray:
+  """[Q, depth] int: each query row's top `depth` docs under the scorer at `params` that are not
+  judged relevant to it (nor excluded for it), best first, -1 padded (`fit`'s `mine`).
+
+  The ranking asked of `mine` is deep enough (`depth` + the most judged docs of any query) that
+  removing a query's judged docs still leaves `depth` of them wherever the corpus has that many.
+  """
+  k = min(trainset.num_docs, depth + trainset.max_relevant)
+  ranked = np.asarray(mine(params, k))
+  require(ranked.shape == (trainset.num_queries, k) and bool(np.all(ranked < trainset.num_docs)),
+          f"the miner returned shape {ranked.shape}, expected ({trainset.num_queries}, {k}) "
+          f"doc rows < {trainset.num_docs}", field="train.negatives_from")
+  return hard_negative_pool(trainset.masked_pairs, ranked, depth)
+
+
 def _teacher_scores(teacher: teachers.Teacher, batches: list) -> np.ndarray:
   """[L, B, C] float32: the teacher's scores of each batch's (query, candidate) pairs."""
   out = []
@@ -364,15 +451,17 @@ def _teacher_scores(teacher: teachers.Teacher, batches: list) -> np.ndarray:
 
 
 def _call_end(step: int, total: int, per_call: int, eval_every: int,
-              checkpoint_every: int | None, stop_after: int | None) -> int:
+              checkpoint_every: int | None, stop_after: int | None,
+              refresh_every: int | None = None) -> int:
   """Where the call starting at `step` stops: `per_call` steps later, or earlier at the next
-  evaluation, checkpoint, `stop_after` or the last step (`total`). Counting from the call's
-  start (not from multiples of `per_call`) keeps the call lengths, each a compiled shape, few:
-  per_call and the remainders before events."""
+  evaluation, checkpoint, mined-pool refresh, `stop_after` or the last step (`total`). Counting
+  from the call's start (not from multiples of `per_call`) keeps the call lengths, each a
+  compiled shape, few: per_call and the remainders before events."""
   nxt = lambda every: (step // every + 1) * every
   ends = [total, step + per_call, nxt(max(1, eval_every))]
-  if checkpoint_every:
-    ends.append(nxt(checkpoint_every))
+  for every in (checkpoint_every, refresh_every):
+    if every:
+      ends.append(nxt(every))
   if stop_after is not None and stop_after > step:
     ends.append(stop_after)
   return min(ends)

@@ -91,15 +91,18 @@ def test_resume_from_checkpoint_equals_uninterrupted(tmp_path):
   assert resumed.best_step == full.best_step
 
 
-def test_steps_per_call_changes_nothing_but_the_number_of_calls():
-  """Scans of 1, 7 or 64 steps per call: the same batches, updates, evaluations and result."""
+@pytest.mark.parametrize("negatives_from", ["bm25", "corpus"])
+def test_steps_per_call_changes_nothing_but_the_number_of_calls(negatives_from):
+  """Scans of 1, 7 or 64 steps per call: the same batches, updates, evaluations and result
+  (also for the corpus softmax, whose relevant rows are stacked per call)."""
   qs, docs, best = _planted(4)
   module = scorers.build("bilinear", dim=16)
   params = scorers.init_params(module, jax.random.key(0))
   ts = TrainSet(np.stack([np.arange(len(qs)), best], 1), len(qs), len(docs))
   ev = lambda p: {"acc": _accuracy(module, p, qs[:40], docs, best[:40])}
   runs = [trainer.fit(module, params, qs, docs, ts,
-                      _cfg(steps=45, eval_every=20, steps_per_call=per_call), seed=1,
+                      _cfg(steps=45, eval_every=20, steps_per_call=per_call,
+                           negatives_from=negatives_from, corpus_chunk=128), seed=1,
                       evaluate=ev, progress=False) for per_call in (1, 7, 64)]
   assert [h["step"] for h in runs[0].history] == [0, 20, 40, 45]
   for res in runs[1:]:
