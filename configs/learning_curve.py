@@ -15,7 +15,7 @@ Args (after `:`, comma separated; lists joined by `+`): collection (insuranceqa:
 insuranceqa-data 1.2, the `iqa` extra; scifact; or a BEIR folder or zip with a train split),
 embeddings (mean, cls, mpnet-mean, ... or precomputed:DIR), seeds, sizes (a size larger than
 the training split means all of it), grid (bool: select lr x temperature on dev per run),
-models (wdp, lowrank, bilinear, mol; "learned", the
+models (wdp, lowrank, bilinear, mol, mol_residual, adapter; "learned", the
 dev-selected one, is always added), ranks (of the residual I + P Q^T rows), max_steps, quick
 (bool: one seed, sizes 100+1000, mean only, wdp + lowrank r = 32: a smoke run).
 """
@@ -67,6 +67,10 @@ def get_config(arg=None):
   c.train.hard_depth = 100
   # The MoL row: configs/mol.py's model (P = 4, d_P = 64, L_MI 0.001) and its training changes.
   c.mol = blocks.mol_row()
+  # models=mol_residual: the residual MoL (the dot product one more logit, its gate on it at
+  # step 0: it starts as dot).
+  c.mol_residual = blocks.mol_row()
+  c.mol_residual.residual = "dot"
   c.mol_train = blocks.mol_train()
   c.distributed = False
   return c

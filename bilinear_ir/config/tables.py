@@ -133,15 +133,16 @@ def mol_table(baseline_scorers: Sequence[str], components: Sequence[int],
 
 def model_specs(models: Sequence[str], ranks: Sequence[int]) -> list[dict[str, Any]]:
   """The trained models a config's `models` names, in its order: [{"name", "scorer", ...model
-  options}]. "lowrank" is the residual I + P Q^T at every rank of `ranks` ("lowrank_r{r}"), any
-  other name its own scorer."""
+  options}]. "lowrank" is the residual I + P Q^T at every rank of `ranks` ("lowrank_r{r}"),
+  "mol" and "mol_residual" MoL (its options in the config block of that name), any other name
+  its own scorer (e.g. "adapter", the residual query adapter)."""
   out = []
   for name in models:
     if name == "lowrank":
       out += [{"name": f"lowrank_r{r}", "scorer": "lowrank", "rank": int(r),
                "residual": "identity"} for r in ranks]
-    elif name == "mol":
-      out.append({"name": "mol", "scorer": "mol"})
+    elif name in ("mol", "mol_residual"):
+      out.append({"name": name, "scorer": "mol"})
     else:
       out.append({"name": name, "scorer": name})
   return out
@@ -174,12 +175,13 @@ def study_table(models: Sequence[str], ranks: Sequence[int], ict_rows: Sequence[
 def curve_table(models: Sequence[str], ranks: Sequence[int], grid: str | None = None
                 ) -> tuple[dict[str, Any], ...]:
   """The rows of each point of the learning curve (configs/learning_curve.py): dot, the trained
-  `models` (MoL: the options of `config.mol`, with `config.mol_train`'s changes), and "learned":
+  `models` (MoL: the options of `config.mol` / `config.mol_residual`, with `config.mol_train`'s
+  changes), and "learned":
   per seed, the one of dot and the trained rows best on dev. `grid`: as `bilinear_table`'s."""
   specs = model_specs(models, ranks)
   rows = [row("dot", "dot", {"model": "dot"})]
-  rows += [trained("mol", {"model": "mol"}, "mol", "mol_train") if s["name"] == "mol"
-           else _named(s, grid=grid) for s in specs]
+  rows += [trained(s["name"], {"model": s["name"]}, s["name"], "mol_train")
+           if s["scorer"] == "mol" else _named(s, grid=grid) for s in specs]
   rows.append(row("dev_best", "learned", {"model": "learned"},
                   over=("dot",) + tuple(s["name"] for s in specs), per="run", step0=False))
   return tuple(rows)

@@ -301,6 +301,7 @@ def summarise(config, cell: Cell, runs: Runs, unseen: list[str], pools
     row["seeds"] = len(outs)
     if kind == "trained":
       row["best_steps"] = [int(o["best_step"]) for o in outs]
+      row["negatives_from"] = outs[0].get("negatives_from")
     _grid_fields(row, runs)
     row["unseen_docs"] = rows_lib.unseen_mean(outs, unseen, m0)
     return row, per_query
@@ -316,6 +317,8 @@ def summarise(config, cell: Cell, runs: Runs, unseen: list[str], pools
   if "seconds" in fields:
     row["seconds"] = round(sum(o.get("seconds", 0.0) for o in outs), 1)
   _grid_fields(row, runs)
+  if kind == "trained":
+    row["negatives_from"] = outs[0].get("negatives_from")
   if kind == "dev_best":
     row["chosen"] = runs.chosen
   if kind == "trained" and spec["split"] == "ict":

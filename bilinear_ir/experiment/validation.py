@@ -33,6 +33,7 @@ from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import table as table_lib
 from bilinear_ir.retrieval import hybrid
+from bilinear_ir.scorers.base import TableScorer
 from bilinear_ir.train import trainer
 
 
@@ -285,10 +286,11 @@ def check_table(config, *, hybrid_block: bool = True) -> None:
     check_stats(config.stats)
 
 
-def check_rows(config, scorers: Sequence[str] | None = None) -> None:
+def check_rows(config, allowed: Sequence[str] | None = None) -> None:
   """A table's `rows` (`config.tables`) and `runner` block: known types, unique names, trained
-  rows whose model builds (`check_model`; its scorer one of `scorers` when given) and whose train
-  changes are valid, dev_best and hybrid rows naming earlier rows."""
+  rows whose model builds (`check_model`; its scorer one of `allowed` when given) and whose train
+  changes are valid, dev_best and hybrid rows naming earlier rows; `allowed`: the trained rows'
+  scorers the job takes (None: any)."""
   require(len(config.rows) > 0, "a table needs at least one row", field="rows")
   one_of(config.runner.summary, ("seeds", "queries"), "runner.summary")
   names: list[str] = []
@@ -299,8 +301,8 @@ def check_rows(config, scorers: Sequence[str] | None = None) -> None:
             f"needs a name no earlier row has, got {spec.get('name')!r}", field=f("name"))
     if spec["type"] == "trained":
       model = table_lib.model_of(config, spec)
-      if scorers is not None:
-        one_of(model.get("scorer"), tuple(scorers), f("model.scorer"))
+      if allowed is not None:
+        one_of(model.get("scorer"), tuple(allowed), f("model.scorer"))
       check_model(spec_lib.model_block(config.model, model), f("model"))
       one_of(spec.get("split", "folds"), ("folds", "ict"), f("split"))
       for point in table_lib.grid_points(config, spec):
@@ -309,6 +311,11 @@ def check_rows(config, scorers: Sequence[str] | None = None) -> None:
         row = spec_lib.Recipe.of(config, "").row(model, 0,
                                                  {**table_lib.train_of(config, spec), **point})
         check_train(row.train, f("grid") if point else f("train"))
+      if row.train.get("negatives_from") in trainer.MODEL_NEGATIVES:
+        require(isinstance(scorers.from_config(row.model, 8), TableScorer),
+                f"negatives from the model ({row.train.negatives_from!r}) need a scorer with "
+                "query / doc tables (dot, wdp, bilinear, lowrank, adapter)",
+                field=f("train.negatives_from"))
       if row.train.get("source", "qrels") != "qrels":
         require(config.encoder.kind == "flax", "ICT pairs are new texts: a row trained on them "
                 "needs encoder.kind 'flax'", field=f("model.source"))

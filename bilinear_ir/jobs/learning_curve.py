@@ -27,7 +27,7 @@ from bilinear_ir.studies import curve_subsets as curve
 from bilinear_ir.report import learning_curve as report
 from bilinear_ir.report import outputs
 
-MODELS = ("wdp", "lowrank", "bilinear", "mol")
+MODELS = ("wdp", "lowrank", "bilinear", "mol", "adapter")  # the trained rows' scorers
 
 
 def schedule(config, train, pairs: int) -> dict[str, Any]:

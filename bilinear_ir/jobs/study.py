@@ -56,7 +56,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     validation.check_collection(entry, "collections")
   validation.check_table(config)
   validation.integer(config.folds, "folds", 2)
-  validation.check_rows(config, ("wdp", "bilinear", "lowrank"))
+  validation.check_rows(config, ("wdp", "bilinear", "lowrank", "adapter"))
 
 
 def cells(config, entry: str) -> Iterator[table_lib.Cell]:

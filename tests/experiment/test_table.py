@@ -103,6 +103,7 @@ def test_rows_come_out_as_declared_and_the_hybrid_takes_the_row_best_on_dev(coll
   assert wdp["metrics"][m0] == pytest.approx(np.mean(vals))
   assert wdp["std"][m0] == pytest.approx(np.std(vals, ddof=1))
   assert wdp["dev"] == {sel: pytest.approx(dev["wdp"])} and wdp["best_steps"] == [3, 3]
+  assert wdp["negatives_from"] == c.train.negatives_from
 
 
 def test_dev_best_per_run_picks_each_seeds_own_best(collection, monkeypatch):
@@ -169,6 +170,19 @@ def test_a_row_naming_a_later_row_is_refused(collection):
   with c.unlocked():
     c.rows = (c.rows[-1],) + tuple(c.rows[:-1])
   with pytest.raises(InputError, match=r"rows\[0\]\.partner"):
+    validation.check_rows(c)
+
+
+def test_negatives_from_the_corpus_need_a_table_scorer(collection):
+  beir, _ = collection
+  c = _config(beir)
+  with c.unlocked():
+    c.train.negatives_from = "corpus"
+  validation.check_rows(c)  # wdp and bilinear have query / doc tables
+  with c.unlocked():
+    c.rows = c.rows + (tables.trained("mol", {"scorer": "mol"}, {"scorer": "mol", "p_q": 2,
+                                                                 "p_x": 2, "d_p": 4}),)
+  with pytest.raises(InputError, match=r"rows\[6\]\.train\.negatives_from"):
     validation.check_rows(c)
 
 
