@@ -110,7 +110,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
     writer = functools.partial(_write_faiss, index=index, doc_ids=list(emb.doc_ids), a=a,
                                description={**description, "collection": coll.name})
   md = (f"# export: {meta['scorer']} ({config.format})\n\nFrom `{config.model_dir}`: query and "
-        f"doc tables of width {a.shape[1]} over {meta['dim']}-d embeddings "
+        f"doc tables of width {description['table_width']} over {meta['dim']}-d embeddings "
         f"({settings.get('model') or settings.get('path') or 'all-MiniLM-L6-v2'}); doc side "
         f"{description['doc_side']}; written to `export/`.\n")
   return outputs.Report(results=description, markdown=md, folders={"export": writer})
