@@ -26,6 +26,7 @@ EXTRAS["dev"] = sorted({req for reqs in EXTRAS.values() for req in reqs} | {
     "pytrec-eval-terrier>=0.5.6",  # reference metrics (pytrec-eval does not build offline)
     "bm25s>=0.2.6",  # reference BM25 scores
     "transformers>=5",  # PyTorch reference of the Flax encoders (tests, encoder_parity.py)
+    "lancedb>=0.40",  # an embedded vector database serving the query-side export (its test)
     "nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29",  # the notebook test
 })
 

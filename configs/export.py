@@ -9,9 +9,10 @@ r"""export: a trained table similarity (dot, wdp, bilinear, lowrank) in another 
 
 Args (after `:`): model_dir (a train_eval WORKDIR/model, or one of reproduce_table's
 WORKDIR/models/...), format: sentence-transformers (needs the `st` extra), head (the two
-matrices alone: models over precomputed embeddings) or faiss (an IndexFlatIP over the doc table
+matrices alone: models over precomputed embeddings), faiss (an IndexFlatIP over the doc table
 of `data`'s collection; needs the `faiss` extra; `--config.data.format=beir
---config.data.path=DIR` for another collection).
+--config.data.path=DIR` for another collection) or query_side (sentence-transformers, the whole
+similarity on the query side: `encode_document` gives the raw embeddings an existing index holds).
 """
 from ml_collections import ConfigDict
 
@@ -25,7 +26,7 @@ def get_config(arg=None):
   c.job = "export"
   c.seed = 0                       # unused (the export is deterministic); every config has one
   c.model_dir = a["model_dir"]     # the saved model (config.json + model.safetensors)
-  c.format = a["format"]           # sentence-transformers | head | faiss
+  c.format = a["format"]           # sentence-transformers | head | faiss | query_side
   c.data = blocks.data_config()    # format faiss: the collection whose docs are indexed
   c.encoder = ConfigDict()         # where the encoder's cache (and all-mpnet-base-v2) live
   c.encoder.cache_dir = ""         # "" = $BILINEAR_IR_CACHE or ~/.cache/bilinear_ir

@@ -8,6 +8,11 @@ HuggingFace weights and tokenizer (Transformer), its pooling and normalisation a
 document route is one with B^T; `similarity_fn_name = "dot"` and the prompts as trained.
 `model.encode_query(q) @ model.encode_document(d).T` are the project's scores.
 
+The query-side form (`query_side_matrix`; `build(m, None, ...)`): score(q, d) = q A B^T d^T =
+(q M) . d with M = A B^T [n, n], so the query route is one `Dense` with weight M^T and the
+document route is empty: documents are the encoder's raw embeddings, and an index already built
+over them serves the learned similarity unchanged (every table scorer, whatever its table width).
+
 Needs the `st` extra (sentence-transformers, torch), imported inside `build` (absolute imports:
 the third-party `sentence_transformers`, not this module). Models over precomputed embeddings
 have no encoder to ship: `export.head`.
@@ -23,12 +28,25 @@ from bilinear_ir import files
 from bilinear_ir.errors import missing_extra
 
 
-def build(a: np.ndarray, b: np.ndarray, encoder_folder: str, settings: dict[str, Any]):
+def query_side_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """M [n, n] = A B^T of a linear table scorer's matrices (`scorers.base.table_matrices`: A, B
+  [n, w]), so that score(q, d) = (q M) . d over the raw doc embeddings (WDP: diag(v); bilinear:
+  W; residual low-rank: I + P Q^T), computed in float64.
+
+  The hook for a scorer whose query side is not a matrix (the residual adapter q + f(q), whose
+  documents are raw already): it gets its own query modules in `build` (a module the project
+  ships, so loading needs no trust_remote_code) in place of this matrix's `Dense`.
+  """
+  return (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.float32)
+
+
+def build(a: np.ndarray, b: np.ndarray | None, encoder_folder: str, settings: dict[str, Any]):
   """The `SentenceTransformer` of a table similarity over a frozen encoder (in memory).
 
   Args:
     a: [n, w] query matrix (query_table(q) = q A).
-    b: [n, w] doc matrix.
+    b: [n, w] doc matrix, or None: documents are the encoder's raw embeddings (the query-side
+      form; then a is [n, n], `query_side_matrix`).
     encoder_folder: the HuggingFace-layout folder of the frozen encoder.
     settings: the resolved embedding settings: pooling, normalize, max_length, query_prompt,
       doc_prompt.
@@ -53,8 +71,8 @@ def build(a: np.ndarray, b: np.ndarray, encoder_folder: str, settings: dict[str,
            modules.Pooling(n, pooling_mode=settings["pooling"])]
   if settings["normalize"]:
     stack.append(modules.Normalize())
-  stack.append(modules.Router.for_query_document(query_modules=[dense(a)],
-                                                 document_modules=[dense(b)]))
+  stack.append(modules.Router.for_query_document(
+      query_modules=[dense(a)], document_modules=[] if b is None else [dense(b)]))
   prompts = {name: text for name, text in (("query", settings.get("query_prompt", "")),
                                            ("document", settings.get("doc_prompt", "")))
              if text}

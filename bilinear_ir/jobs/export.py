@@ -3,14 +3,18 @@
     configs/export.py:model_dir=W/model,format=sentence-transformers   -> WORKDIR/export/
     configs/export.py:model_dir=W/model,format=head                    -> WORKDIR/export/
     configs/export.py:model_dir=W/model,format=faiss                   -> WORKDIR/export/
+    configs/export.py:model_dir=W/model,format=query_side              -> WORKDIR/export/
 
 `sentence-transformers`: a folder `SentenceTransformer(path)` loads (the encoder, its pooling
 and normalisation, a query / document `Router` of two `Dense` layers;
 `export.sentence_transformers`), so `encode_query(q) @ encode_document(d).T` gives the model's
 scores. `head`: the two matrices alone (`export.head`; for models over precomputed embeddings,
 which have no encoder to ship). `faiss`: an `IndexFlatIP` over the doc table of `data`'s
-collection (`export.faiss_index`), its doc ids and the query head. Every format carries
-`bilinear_ir.json`, what it was exported from.
+collection (`export.faiss_index`), its doc ids and the query head. `query_side`: a
+sentence-transformers folder whose query route is one `Dense` (M = A B^T, n x n) and whose
+document route is empty, so an index of the encoder's raw doc embeddings serves it unchanged.
+Every format carries `bilinear_ir.json`, what it was exported from, with `doc_side`: "raw"
+(query_side) or "table" (the doc table of width `table_width`).
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ from bilinear_ir.report import outputs
 from bilinear_ir.scorers.base import TableScorer
 from bilinear_ir.scorers.base import table_matrices
 
-FORMATS = ("sentence-transformers", "head", "faiss")
+FORMATS = ("sentence-transformers", "head", "faiss", "query_side")
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -84,13 +88,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
   description = {"model_dir": os.path.abspath(config.model_dir), "scorer": meta["scorer"],
                  "options": meta["options"], "dim": meta["dim"], "embedding": settings,
                  "params_sha256": meta["params_sha256"], "format": config.format,
-                 "table_width": int(a.shape[1])}
+                 "table_width": int(a.shape[1]),
+                 "doc_side": "raw" if config.format == "query_side" else "table"}
   cache_dir = embeddings_lib.resolve_cache_dir(config.encoder.cache_dir)
-  if config.format == "sentence-transformers":
+  if config.format in ("sentence-transformers", "query_side"):
     if settings.get("kind") != "flax":
       raise input_error("the model was trained on precomputed embeddings, so there is no "
                         "encoder to ship; export format=head", file="config", field="format")
     _, folder = names.resolve(settings["model"], cache_dir)
+    if config.format == "query_side":
+      a, b = sentence_transformers.query_side_matrix(a, b), None
     model = sentence_transformers.build(a, b, folder, settings)  # built now: errors before writes
     writer = functools.partial(sentence_transformers.save, model=model,
                                description=description)
@@ -103,7 +110,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
     writer = functools.partial(_write_faiss, index=index, doc_ids=list(emb.doc_ids), a=a,
                                description={**description, "collection": coll.name})
   md = (f"# export: {meta['scorer']} ({config.format})\n\nFrom `{config.model_dir}`: query and "
-        f"doc tables of width {a.shape[1]} over {meta['dim']}-d embeddings "
-        f"({settings.get('model') or settings.get('path') or 'all-MiniLM-L6-v2'}); written to "
-        "`export/`.\n")
+        f"doc tables of width {description['table_width']} over {meta['dim']}-d embeddings "
+        f"({settings.get('model') or settings.get('path') or 'all-MiniLM-L6-v2'}); doc side "
+        f"{description['doc_side']}; written to `export/`.\n")
   return outputs.Report(results=description, markdown=md, folders={"export": writer})

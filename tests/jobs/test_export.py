@@ -1,5 +1,6 @@
 """Exports of trained table similarities: sentence-transformers (loaded back with
-`SentenceTransformer`), the head alone, and the FAISS index, each scoring as the project does."""
+`SentenceTransformer`), the head alone, the FAISS index and the query-side model (served by FAISS
+and LanceDB indexes of the raw doc embeddings), each scoring / searching as the project does."""
 import json
 import os
 
@@ -14,14 +15,19 @@ from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.export import saved_model
 from bilinear_ir.jobs import export as export_job
+from bilinear_ir.retrieval import exact
+from conftest import perturbed_params
 from conftest import write_beir
 from conftest import write_model
+
+QUERY_SIDE_SPECS = {"wdp": {"scorer": "wdp"}, "bilinear": {"scorer": "bilinear"},
+                    "lowrank": {"scorer": "lowrank", "rank": 3, "residual": "identity"}}
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("export")
-  config = ml_config(write_beir(str(root / "beir"), num_docs=30, num_queries=16, seed=4),
+  config = ml_config(write_beir(str(root / "beir"), num_docs=300, num_queries=24, seed=4),
                      write_model(str(root / "bert"), "bert", seed=3), str(root / "cache"))
   prepared = pipeline.prepare(config)
   split = pipeline.splits(prepared.collection, config.data, config.seed)[0]
@@ -145,3 +151,95 @@ def test_cls_unnormalised_prompted_residual_export_scores_as_the_project(tmp_pat
   np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
   info = json.load(open(os.path.join(out, "bilinear_ir.json"), encoding="utf-8"))
   assert info["embedding"]["pooling"] == "cls" and info["embedding"]["normalize"] is False
+
+
+@pytest.fixture(scope="module")
+def query_side(setup):
+  """{name: (module, params, SentenceTransformer, bilinear_ir.json)}: each QUERY_SIDE_SPECS scorer
+  with params far from its init (`perturbed_params`), saved and exported as format=query_side."""
+  from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
+  root, config, prepared, _ = setup
+  out = {}
+  for name, spec in QUERY_SIDE_SPECS.items():
+    c = spec_lib.Recipe.of(config, "").row(spec, 0)
+    module = scorers.from_config(c.model, prepared.dim)
+    params = perturbed_params(module, seed=2)
+    path, folder = str(root / f"qs_model_{name}"), str(root / f"qs_{name}")
+    saved_model.save_model(path, module, params, prepared.embeddings.manifest["settings"])
+    _export(path, "query_side", folder)
+    info = json.load(open(os.path.join(folder, "bilinear_ir.json"), encoding="utf-8"))
+    stack = json.load(open(os.path.join(folder, "modules.json"), encoding="utf-8"))
+    assert all(m["type"].startswith("sentence_transformers.") for m in stack)  # built-ins only
+    out[name] = module, params, SentenceTransformer(folder, device="cpu",
+                                                    trust_remote_code=False), info
+  return out
+
+
+def _queries(prepared):
+  coll = prepared.collection
+  return [coll.queries[q] for q in prepared.embeddings.query_ids]
+
+
+@pytest.mark.parametrize("name", list(QUERY_SIDE_SPECS))
+def test_query_side_export_scores_as_the_project_over_raw_docs(setup, query_side, name):
+  _, _, prepared, _ = setup
+  module, params, model, info = query_side[name]
+  q, d = prepared.embeddings.queries, prepared.embeddings.docs
+  docs = model.encode_document(prepared.collection.doc_strings())
+  np.testing.assert_allclose(docs, d, atol=1e-5, rtol=0)  # the document path is raw
+  want = np.asarray(module.apply({"params": params}, q, d, method=module.score_all))
+  assert np.abs(want - q @ d.T).max() > 0.1 * np.abs(want).max()  # far from the dot product
+  got = model.encode_query(_queries(prepared)) @ d.T
+  diff = np.abs(got - want).max()
+  print(f"query_side {name}: max |encode_query . raw docs - score_all| = {diff:.2e} "
+        f"(scores up to {np.abs(want).max():.2f})")
+  assert got.shape == want.shape and diff <= 1e-5 * np.abs(want).max()
+  assert info["doc_side"] == "raw" and info["format"] == "query_side"
+  assert info["scorer"] == QUERY_SIDE_SPECS[name]["scorer"]
+
+
+def _assert_same_topk(name, ids, want_scores, want, tol):
+  """ids [B, k] from an index have the project's exact top-k (`want`: TopK [B, k] over
+  `want_scores` [B, N]), ties aside: the project's scores of the returned ids are the exact top-k
+  scores rank by rank, and the ids are the exact ids wherever no two of the top k + 1 scores lie
+  within `tol`."""
+  got = np.take_along_axis(want_scores, ids.astype(np.int64), axis=1)
+  np.testing.assert_allclose(got, np.asarray(want.scores), atol=tol, rtol=0, err_msg=name)
+  top = -np.sort(-want_scores, axis=1)[:, :ids.shape[1] + 1]
+  clear = np.all(-np.diff(top, axis=1) > tol, axis=1)
+  assert clear.mean() >= 0.75  # the data leave few near-ties: most queries are compared by id
+  np.testing.assert_array_equal(ids[clear], np.asarray(want.ids)[clear], err_msg=name)
+  print(f"{name}: same top-{ids.shape[1]} ids on {int(clear.sum())} queries without near-ties "
+        f"(of {len(ids)})")
+
+
+@pytest.mark.parametrize("name", list(QUERY_SIDE_SPECS))
+def test_query_side_export_is_served_by_an_index_of_raw_docs(setup, query_side, tmp_path, name):
+  # An index built over the encoder's raw doc embeddings (what a user already has), searched with
+  # the export's query embeddings: FAISS IndexFlatIP, and LanceDB (embedded, exact flat search
+  # with the dot distance 1 - q.d), each returns the project's exact top-10.
+  import faiss  # pylint: disable=g-import-not-at-top
+  import lancedb  # pylint: disable=g-import-not-at-top
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  _, _, prepared, _ = setup
+  module, params, model, _ = query_side[name]
+  q, d, k = prepared.embeddings.queries, prepared.embeddings.docs, 10
+  v = {"params": params}
+  want_scores = np.asarray(module.apply(v, q, d, method=module.score_all))
+  want = exact.topk(module.apply(v, q, method=module.query_table),
+                    module.apply(v, d, method=module.doc_table), k)
+  tol = 1e-5 * np.abs(want_scores).max()
+  queries = model.encode_query(_queries(prepared))
+
+  index = faiss.IndexFlatIP(d.shape[1])
+  index.add(np.ascontiguousarray(d, np.float32))
+  _, ids = index.search(np.ascontiguousarray(queries, np.float32), k)
+  _assert_same_topk(f"faiss {name}", ids, want_scores, want, tol)
+
+  table = lancedb.connect(str(tmp_path / "lancedb")).create_table("docs", data=pa.table({
+      "doc": pa.array(np.arange(len(d), dtype=np.int64)),
+      "vector": pa.FixedSizeListArray.from_arrays(pa.array(d.astype(np.float32).ravel()),
+                                                  d.shape[1])}))
+  ids = np.stack([table.search(x).distance_type("dot").bypass_vector_index().limit(k)
+                  .to_arrow()["doc"].to_numpy() for x in queries])
+  _assert_same_topk(f"lancedb {name}", ids, want_scores, want, tol)
