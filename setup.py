@@ -23,6 +23,7 @@ EXTRAS = {
 }
 EXTRAS["dev"] = sorted({req for reqs in EXTRAS.values() for req in reqs} | {
     "pytest>=8",
+    "pytest-xdist>=3.5",  # the suite on every core (`-n auto`, one file per worker)
     "pytrec-eval-terrier>=0.5.6",  # reference metrics (pytrec-eval does not build offline)
     "bm25s>=0.2.6",  # reference BM25 scores
     "transformers>=5",  # PyTorch reference of the Flax encoders (tests, encoder_parity.py)
