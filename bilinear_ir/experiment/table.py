@@ -26,6 +26,7 @@ family per baseline (`compare.against_baselines`); a job adds its own views (e.g
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -81,20 +82,22 @@ class Runs:
   chosen: list[str] = dataclasses.field(default_factory=list)
   partner: Runs | None = None
 
-  @property
+  @functools.cached_property
   def outs(self) -> list[dict[str, Any]]:
-    """Per seed, its fits joined over the split sets (one split set: the fit itself)."""
+    """Per seed, its fits joined over the split sets (one split set: the fit itself); joined
+    once, on first use."""
     return [f[0] if len(f) == 1 else _joined(f) for f in self.fits]
 
 
 @dataclasses.dataclass
 class Table:
   """The result of `run`: rows (as results.json has them), [rows] per-query first measure, the
-  cells, and per cell {row name: Runs}."""
+  cells, per cell {row name: Runs} and its unseen-doc test queries (`rows.unseen_doc_queries`)."""
   rows: list[dict[str, Any]]
   per_query: list[dict[str, float]]
   cells: list[Cell]
   runs: list[dict[str, Runs]]
+  unseen: list[list[str]]
 
 
 def _joined(fits: list[dict[str, Any]]) -> dict[str, Any]:
@@ -108,13 +111,14 @@ def _joined(fits: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(config, cells: Iterable[Cell], workdir: str | None) -> Table:
   """Every row of `config.rows` in every cell, summarised and compared (module docstring)."""
-  table = Table([], [], [], [])
+  table = Table([], [], [], [], [])
   dots: dict[tuple, list[dict[str, Any]]] = {}
   for cell in cells:
     runs = run_cell(config, cell, workdir, dots)
     table.cells.append(cell)
     table.runs.append(runs)
     unseen = rows_lib.unseen_doc_queries(cell.splitsets)
+    table.unseen.append(unseen)
     pools = (evaluate.candidate_pools(cell.prepared, cell.splitsets[0].test)
              if config.runner.get("pool_p_at_1") else None)
     for spec in config.rows:
@@ -160,7 +164,7 @@ def run_cell(config, cell: Cell, workdir: str | None,
     elif kind == "dev_best":
       runs[spec["name"]] = _dev_best(spec, runs, sel)
     else:
-      runs[spec["name"]] = _hybrid(config, cell, spec, runs[spec["partner"]], measures)
+      runs[spec["name"]] = hybrid(config, cell, spec, runs[spec["partner"]])
     if kind == "trained":
       outs = runs[spec["name"]].outs
       dev = rows_lib.dev_mean(outs, sel)
@@ -252,9 +256,10 @@ def _dev_best(spec, runs: dict[str, Runs], sel: str) -> Runs:
   return Runs(spec, fits, chosen)
 
 
-def _hybrid(config, cell: Cell, spec, partner: Runs, measures) -> Runs:
-  """lam * partner + (1 - lam) * BM25 per run, lam tuned on each split set's dev split."""
-  fits = []
+def hybrid(config, cell: Cell, spec, partner: Runs) -> Runs:
+  """lam * partner + (1 - lam) * BM25 per run, lam tuned on each split set's dev split
+  (`evaluate.HybridEvaluator`): a hybrid row's `Runs` (spec: its row spec)."""
+  measures, fits = list(config.eval.measures), []
   for seed_fits in partner.fits:
     out = []
     for s, fit in zip(cell.splitsets, seed_fits):

@@ -68,9 +68,9 @@ def run(config, workdir: str) -> outputs.Report:
   rows, retrieval, unseen_counts = table.rows, [], {}
   by_name = {(r["embedding"], s["name"]): r for r, s in zip(
       rows, [s for _ in cells for s in config.rows if not s.get("hidden")])}
-  for cell, runs in zip(cells, table.runs):
+  for cell, runs, unseen in zip(cells, table.runs, table.unseen):
     emb_name, test = cell.recipe.name, cell.splitsets[0].test
-    unseen_counts[emb_name] = len(rows_lib.unseen_doc_queries(cell.splitsets))
+    unseen_counts[emb_name] = len(unseen)
     test_q = cell.prepared.embeddings.queries[cell.prepared.query_row_index(test.query_ids)]
     docs = cell.prepared.embeddings.docs
     for r in runs.values():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 
 from bilinear_ir.eval import trec
-from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import table as table_lib
 from bilinear_ir.experiment import validation
@@ -41,8 +40,8 @@ def run(config, workdir: str) -> outputs.Report:
                                   in spec_lib.embeddings_of(config, data)), workdir)
   cells = table.cells
   models, unseen_counts = {}, {}
-  for cell, runs in zip(cells, table.runs):
-    unseen_counts[cell.recipe.name] = len(rows_lib.unseen_doc_queries(cell.splitsets))
+  for cell, runs, unseen in zip(cells, table.runs, table.unseen):
+    unseen_counts[cell.recipe.name] = len(unseen)
     for r in (r for r in runs.values() if r.spec["type"] == "trained"):
       for seed, o in zip(config.seeds, r.outs):
         models[f"{cell.recipe.name}/{r.spec['name']}/seed{seed}"] = (

@@ -38,7 +38,6 @@ import numpy as np
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import compare
-from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import table as table_lib
 from bilinear_ir.experiment import validation
@@ -101,8 +100,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
         yield cell
 
   table = table_lib.run(config, every_cell(), workdir)
-  unseen = {c.fields["collection"]: rows_lib.unseen_doc_queries(c.splitsets)
-            for c in table.cells}
+  unseen = {c.fields["collection"]: u for c, u in zip(table.cells, table.unseen)}
   rows = table.rows
   _compare_unseen(rows, unseen, config)
   pooled = compare.pooled(rows, unseen, config)

@@ -11,6 +11,7 @@ from bilinear_ir.data import loaders
 from bilinear_ir.data import pipeline
 from bilinear_ir.eval import metrics
 from bilinear_ir.eval import stats
+from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import table as table_lib
 from bilinear_ir.jobs import study
@@ -202,7 +203,7 @@ def test_unseen_doc_is_judged_against_training_and_dev_queries():
                                        "q9": {"d1": 0, "d7": 1}}))
   b = pipeline.SplitSet("fold1", split("train", {"q4": {"d7": 1}}), split("dev", {}),
                         split("test", {"q1": {"d1": 1}, "q10": {"d8": 1}}))
-  assert study.rows_lib.unseen_doc_queries([a, b]) == ["q1", "q10", "q4", "q5", "q8", "q9"]
+  assert rows_lib.unseen_doc_queries([a, b]) == ["q1", "q10", "q4", "q5", "q8", "q9"]
 
 
 def test_unseen_doc_queries_of_the_run_are_those_of_the_definition(study_run):
