@@ -148,23 +148,40 @@ def model_specs(models: Sequence[str], ranks: Sequence[int]) -> list[dict[str, A
   return out
 
 
-def _named(spec: Mapping[str, Any], source: str | None = None, grid: str | None = None
-           ) -> dict[str, Any]:
-  """A trained row labelled {"model": name} (+ "_<source>" for another training source)."""
+def _named(spec: Mapping[str, Any], source: str | None = None, grid: str | None = None,
+           train: str | None = None) -> dict[str, Any]:
+  """A trained row labelled {"model": name} (+ "_<source>" for another training source), with
+  the `train` changes of the config block `train` names (None: none)."""
   name = spec["name"] + (f"_{source}" if source else "")
   model = {k: v for k, v in spec.items() if k != "name"}
   if source:
     model["source"] = source
-  return trained(name, {"model": name}, model, split="ict" if source else "folds", grid=grid)
+  return trained(name, {"model": name}, model, train, split="ict" if source else "folds",
+                 grid=grid)
 
 
-def study_table(models: Sequence[str], ranks: Sequence[int], ict_rows: Sequence[str]
-                ) -> tuple[dict[str, Any], ...]:
-  """The rows of the study (configs/study.py): dot, BM25, the trained `models`, "learned" (per
-  seed and fold, the trained row best on dev, step 0 included), its hybrid with BM25, and the rows
-  named in `ict_rows` trained on pairs the corpus makes itself (no folds)."""
+def _model_rows(models: Sequence[str], ranks: Sequence[int], grid: str | None,
+                train: str | None) -> list[dict[str, Any]]:
+  """The trained rows of `models` (`model_specs`), each with the `train` changes of the block
+  `<train>.<its entry of models>` (e.g. "row_train.lowrank" for every rank; None: none); MoL
+  rows with `config.mol_train`'s, never a grid."""
+  rows = []
+  for model in models:
+    for s in model_specs((model,), ranks):
+      rows.append(trained(s["name"], {"model": s["name"]}, s["name"], "mol_train")
+                  if s["scorer"] == "mol" else
+                  _named(s, grid=grid, train=f"{train}.{model}" if train else None))
+  return rows
+
+
+def study_table(models: Sequence[str], ranks: Sequence[int], ict_rows: Sequence[str],
+                train: str | None = None) -> tuple[dict[str, Any], ...]:
+  """The rows of the study (configs/study.py): dot, BM25, the trained `models` (`train`: as
+  `curve_table`'s), "learned" (per seed and fold, the trained row best on dev, step 0 included),
+  its hybrid with BM25, and the rows named in `ict_rows` trained on pairs the corpus makes itself
+  (no folds)."""
   specs = model_specs(models, ranks)
-  rows = baselines("model") + [_named(s) for s in specs]
+  rows = baselines("model") + _model_rows(models, ranks, None, train)
   rows.append(row("dev_best", "learned", {"model": "learned"}, over=tuple(s["name"] for s in specs),
                   per="run", step0=True))
   rows.append(row("hybrid", "hybrid", {"model": "hybrid"}, partner="learned", from_partner=()))
@@ -172,16 +189,15 @@ def study_table(models: Sequence[str], ranks: Sequence[int], ict_rows: Sequence[
   return tuple(rows)
 
 
-def curve_table(models: Sequence[str], ranks: Sequence[int], grid: str | None = None
-                ) -> tuple[dict[str, Any], ...]:
+def curve_table(models: Sequence[str], ranks: Sequence[int], grid: str | None = None,
+                train: str | None = None) -> tuple[dict[str, Any], ...]:
   """The rows of each point of the learning curve (configs/learning_curve.py): dot, the trained
   `models` (MoL: the options of `config.mol` / `config.mol_residual`, with `config.mol_train`'s
-  changes), and "learned":
-  per seed, the one of dot and the trained rows best on dev. `grid`: as `bilinear_table`'s."""
+  changes; the others with the `train` changes of the block `<train>.<model>`, e.g.
+  "row_train.wdp"), and "learned": per seed, the one of dot and the trained rows best on dev.
+  `grid`: as `bilinear_table`'s."""
   specs = model_specs(models, ranks)
-  rows = [row("dot", "dot", {"model": "dot"})]
-  rows += [trained(s["name"], {"model": s["name"]}, s["name"], "mol_train")
-           if s["scorer"] == "mol" else _named(s, grid=grid) for s in specs]
+  rows = [row("dot", "dot", {"model": "dot"})] + _model_rows(models, ranks, grid, train)
   rows.append(row("dev_best", "learned", {"model": "learned"},
                   over=("dot",) + tuple(s["name"] for s in specs), per="run", step0=False))
   return tuple(rows)

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from bilinear_ir import progress
+from bilinear_ir.errors import require
 from bilinear_ir.data import pipeline
 from bilinear_ir.experiment import compare
 from bilinear_ir.experiment import evaluate
@@ -199,6 +200,7 @@ def _trained(config, cell: Cell, spec, seed: int, workdir, bar) -> list[dict[str
                 if spec.get("grid") else outs[i])
     if spec.get("grid"):
       fits[-1]["grid_point"] = points[i]
+      fits[-1]["grid_dev"] = [o["dev"].get(config.train.select_metric) for o in outs]
   return fits
 
 
@@ -217,14 +219,23 @@ def _point_slug(point: Mapping[str, Any]) -> str:
 
 def model_of(config, spec: Mapping[str, Any]) -> dict[str, Any]:
   """A trained row's model options: its `model`, or the config block that names."""
-  model = spec["model"]
-  return dict(config[model]) if isinstance(model, str) else dict(model)
+  return _block(config, spec["model"])
 
 
 def train_of(config, spec: Mapping[str, Any]) -> dict[str, Any]:
   """A trained row's `train` changes: its `train`, or the config block that names."""
-  train = spec["train"]
-  return dict(config[train]) if isinstance(train, str) else dict(train)
+  return _block(config, spec["train"])
+
+
+def _block(config, value: Mapping[str, Any] | str) -> dict[str, Any]:
+  """`value` itself, or the config block it names (dotted for a nested one: "row_train.wdp")."""
+  if not isinstance(value, str):
+    return dict(value)
+  block = config
+  for key in value.split("."):
+    require(key in block, f"the config has no block {value!r}", field="rows")
+    block = block[key]
+  return dict(block)
 
 
 def _bm25(cell: Cell, measures) -> tuple[dict[str, Any], dict]:
@@ -332,8 +343,10 @@ def summarise(config, cell: Cell, runs: Runs, unseen: list[str], pools
 
 
 def _grid_fields(row: dict[str, Any], runs: Runs) -> None:
-  """A row trained over a grid records the point dev chose per seed (and split set) and what
-  the grid cost: "grid_points" [seeds x split sets], "grid_seconds" (every point's training)."""
+  """A row trained over a grid records the point dev chose per seed (and split set), every
+  point's dev metric and what the grid cost: "grid_points" [seeds x split sets], "grid_dev"
+  [seeds x split sets][points, in `grid_points`' order], "grid_seconds" (every point's training)."""
   if runs.spec.get("grid"):
     row["grid_points"] = [f["grid_point"] for seed_fits in runs.fits for f in seed_fits]
+    row["grid_dev"] = [f["grid_dev"] for seed_fits in runs.fits for f in seed_fits]
     row["grid_seconds"] = round(sum(f["seconds"] for seed_fits in runs.fits for f in seed_fits), 1)

@@ -213,9 +213,41 @@ def test_a_grid_trains_every_point_and_keeps_the_one_best_on_dev(collection, mon
   assert len(tried) == 2 * 3 * 2 and len(set(tried)) == 12  # every point at every seed
   row = table.rows[1]
   assert row["grid_points"] == [{"lr": 1e-3, "temperature": 0.2}, {"lr": 1e-2, "temperature": 0.1}]
+  points = table_lib.grid_points(c, c.rows[1])  # every point's dev, in that order, per seed
+  assert row["grid_dev"] == [[float((p["lr"], p["temperature"]) == best) for p in points]
+                             for best in ((1e-3, 0.2), (1e-2, 0.1))]
   fits = table.runs[0]["wdp"].fits
   assert row["grid_seconds"] == pytest.approx(sum(f[0]["seconds"] for f in fits), abs=0.1)
   with c.unlocked():
     c.g = {"lr": (1e-3,), "nonsense": (1,)}
   with pytest.raises(InputError, match=r"rows\[1\]\.grid"):
+    validation.check_rows(c)
+
+
+def test_each_model_row_trains_with_the_changes_of_its_own_block(collection, monkeypatch):
+  """`curve_table(..., train="row_train")`: each trained row reads `row_train.<its model>` (every
+  rank of "lowrank" the same block), MoL rows `mol_train`; a missing block is refused by name."""
+  beir, prepared = collection
+  c = _config(beir)
+  with c.unlocked():
+    c.rows = tables.curve_table(("wdp", "lowrank"), (2, 4), train="row_train")
+    c.row_train = {"wdp": {"lr": 5e-3, "temperature": 0.2}, "lowrank": {"lr": 2e-4}}
+    c.runner.pool_p_at_1, c.runner.paired = False, False
+  validation.check_rows(c)
+  real = table_lib.training.train_and_evaluate
+  seen = {}
+
+  def fake(row, prepared_, s, workdir=None, progress=True):  # pylint: disable=unused-argument
+    rank = row.model.rank if row.model.scorer == "lowrank" else None
+    seen[(row.model.scorer, rank)] = (row.train.lr, row.train.temperature)
+    return real(row, prepared_, s, progress=False)
+
+  monkeypatch.setattr(table_lib.rows_lib.training, "train_and_evaluate", fake)
+  table_lib.run(c, [_cell(c, prepared)], None)
+  recipe_t = c.train.temperature
+  assert seen[("wdp", None)] == (5e-3, 0.2)
+  assert seen[("lowrank", 2)] == seen[("lowrank", 4)] == (2e-4, recipe_t)
+  with c.unlocked():
+    del c.row_train["lowrank"]
+  with pytest.raises(InputError, match="row_train.lowrank"):
     validation.check_rows(c)
