@@ -216,8 +216,8 @@ def write_model(folder: str, kind: str, act: str = "gelu", seed: int = 0, prefix
     json.dump(config, f)
   arch = hf_folder.ARCHITECTURES[kind]
   module = arch.from_config(config)
-  shapes = {name: shape for sources, _ in arch.recipes(module).values()
-            for name, shape in sources}
+  shapes = {name: shape for recipe in arch.recipes(module).values()
+            for name, shape in recipe.sources}
   shapes.update({"pooler.dense.weight": (32, 32), "pooler.dense.bias": (32,)})
   rng = np.random.default_rng(seed)
   weights = {}

@@ -9,7 +9,8 @@ module's `config.json` (mean or CLS pooling), `sentence_bert_config.json` (`max_
 Weights: every param of the module comes from one or more HuggingFace weights (`recipes` of
 `bert.py` / `mpnet.py`; names with or without the `bert.` / `mpnet.` prefix, LayerNorm
 `gamma`/`beta` accepted), each of the declared shape, cast to float32. Other weights (pooler,
-LM head, position id buffers) are ignored.
+LM head, position id buffers) are ignored. `layers.split_params` is the way back (params ->
+weights), through the same recipes.
 """
 from __future__ import annotations
 
@@ -150,9 +151,9 @@ def _load_params(folder: str, arch: Any, module: nn.Module, model_type: str) -> 
 
       for leaf_path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
         param_path = tuple(k.key for k in leaf_path)
-        sources, combine = recipes[param_path]
+        recipe = recipes[param_path]
         arrays = []
-        for name, shape in sources:
+        for name, shape in recipe.sources:
           key = find(name)
           if key is None:
             raise input_error(f"missing weight (looked for {name!r} and {model_type}.{name})",
@@ -166,7 +167,7 @@ def _load_params(folder: str, arch: Any, module: nn.Module, model_type: str) -> 
           except (TypeError, ValueError) as e:
             raise input_error(f"cannot read as float32 ({e})", file=path,
                               record=f"weight {key!r}") from e
-        value = np.ascontiguousarray(combine(*arrays), np.float32)
+        value = np.ascontiguousarray(recipe.combine(*arrays), np.float32)
         assert value.shape == leaf.shape, (param_path, value.shape, leaf.shape)
         node = params
         for k in param_path[:-1]:

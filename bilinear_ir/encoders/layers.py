@@ -9,7 +9,7 @@ the real tokens' outputs; a row whose keys are all padding (an empty batch row) 
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -206,23 +206,37 @@ class TransformerLayer(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# HuggingFace (PyTorch layout) weights -> the params of the modules above.
+# HuggingFace (PyTorch layout) weights <-> the params of the modules above.
 
-# A param's recipe: the HuggingFace weights it is made of, each with the shape it must have,
-# and the function that turns those float32 arrays (in that order) into the param.
+# A HuggingFace weight: its name and the shape it must have.
 Source = tuple[str, tuple[int, ...]]
-Recipe = tuple[tuple[Source, ...], Callable[..., np.ndarray]]
+
+
+class Recipe(NamedTuple):
+  """How one param is made of HuggingFace weights, both ways (read: `hf_folder.load_folder`;
+  written: `split_params`).
+
+  Attributes:
+    sources: the weights, in the order `combine` takes them and `split` returns them.
+    combine: float32 arrays of `sources` (in order, each of its shape) -> the param.
+    split: the param -> the arrays of `sources` (the exact inverse of `combine`: transposes and
+      reshapes only, so a round trip gives the same bits).
+  """
+  sources: tuple[Source, ...]
+  combine: Callable[..., np.ndarray]
+  split: Callable[[np.ndarray], tuple[np.ndarray, ...]]
 
 
 def copy_recipe(name: str, shape: tuple[int, ...]) -> Recipe:
   """A param equal to one weight (embedding tables, LayerNorm scales and biases)."""
-  return ((name, shape),), lambda w: w
+  return Recipe(((name, shape),), lambda w: w, lambda p: (p,))
 
 
 def dense_recipes(prefix: str, n_in: int, n_out: int) -> dict[tuple[str, ...], Recipe]:
   """{("kernel",): ..., ("bias",): ...} of an `nn.Dense` from a `torch.nn.Linear` named `prefix`
   (weight [out, in], transposed to the kernel [in, out])."""
-  return {("kernel",): (((f"{prefix}.weight", (n_out, n_in)),), lambda w: w.T),
+  return {("kernel",): Recipe(((f"{prefix}.weight", (n_out, n_in)),), lambda w: w.T,
+                              lambda p: (p.T,)),
           ("bias",): copy_recipe(f"{prefix}.bias", (n_out,))}
 
 
@@ -248,13 +262,16 @@ def layer_recipes(names: dict[str, str], n: int, h: int, f: int
   linear = lambda key: (f"{names[key]}.weight", (n, n))
   bias = lambda key: (f"{names[key]}.bias", (n,))
   out = {
-      ("attention", "qkv", "kernel"): (
+      ("attention", "qkv", "kernel"): Recipe(  # [n, 3, h, d] <-> three [n, n] weights (out, in)
           (linear("q"), linear("k"), linear("v")),
-          lambda q, k, v: np.stack([q.T, k.T, v.T], axis=1).reshape(n, 3, h, d)),
-      ("attention", "qkv", "bias"): (
+          lambda q, k, v: np.stack([q.T, k.T, v.T], axis=1).reshape(n, 3, h, d),
+          lambda p: tuple(p.reshape(n, 3, n)[:, j].T for j in range(3))),
+      ("attention", "qkv", "bias"): Recipe(  # [3, h, d] <-> three [n]
           (bias("q"), bias("k"), bias("v")),
-          lambda q, k, v: np.stack([q, k, v]).reshape(3, h, d)),
-      ("attention", "out", "kernel"): ((linear("o"),), lambda w: w.T.reshape(h, d, n)),
+          lambda q, k, v: np.stack([q, k, v]).reshape(3, h, d),
+          lambda p: tuple(p.reshape(3, n))),
+      ("attention", "out", "kernel"): Recipe(  # [h, d, n] <-> [n, n] (out, in)
+          (linear("o"),), lambda w: w.T.reshape(h, d, n), lambda p: (p.reshape(n, n).T,)),
       ("attention", "out", "bias"): copy_recipe(f"{names['o']}.bias", (n,)),
   }
   for key, width_in, width_out in (("intermediate", n, f), ("output", f, n)):
@@ -278,4 +295,40 @@ def encoder_recipes(module, embeddings: dict[tuple[str, ...], Recipe],
   for i in range(module.num_layers):
     out.update({(f"layer_{i}", *p): r
                 for p, r in layer_recipes(layer_names(i), n, h, f).items()})
+  return out
+
+
+def split_params(recipes: dict[tuple[str, ...], Recipe], params) -> dict[str, np.ndarray]:
+  """The HuggingFace weights of an encoder's params: every `Recipe.split`, the inverse of
+  reading them (`hf_folder.load_folder`).
+
+  Args:
+    recipes: {param path: recipe} of the encoder (`bert.recipes` / `mpnet.recipes`).
+    params: its params, a tree of float32 arrays with exactly the recipes' paths.
+
+  Returns:
+    {weight name (no `bert.` / `mpnet.` prefix): C-contiguous float32 array of the recipe's
+    shape}; reading them back gives `params` bit for bit.
+
+  Raises:
+    InputError: naming the param that is missing, unexpected, not float32 or of another shape.
+  """
+  leaves = {tuple(k.key for k in path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  for path in sorted(set(leaves) ^ set(recipes)):
+    what = "missing" if path in recipes else "unexpected"
+    raise input_error(f"{what} param for this encoder", file="params", record=".".join(path))
+  out = {}
+  for path, recipe in recipes.items():
+    param = np.asarray(leaves[path])
+    if param.dtype != np.float32:
+      raise input_error(f"dtype {param.dtype}, must be float32", file="params",
+                        record=".".join(path))
+    parts = recipe.split(param)
+    for (name, shape), part in zip(recipe.sources, parts, strict=True):
+      if part.shape != tuple(shape):
+        raise input_error(f"gives {name!r} the shape {list(part.shape)}, the encoder's is "
+                          f"{list(shape)}", file="params", record=".".join(path))
+      assert name not in out, name
+      out[name] = np.ascontiguousarray(part)
   return out
