@@ -30,8 +30,8 @@ def get_config(arg=None):
   a = arguments.parse_args(arg, {"collection": "insuranceqa",
                                 "embeddings": ("mean", "cls", "mpnet-mean"), "seeds": (0, 1, 2),
                                 "sizes": (100, 300, 1000, 3000, 12889),
-                                "models": ("wdp", "lowrank", "bilinear", "mol"),
-                                "ranks": (32, 128), "max_steps": 2000, "grid": False,
+                                "models": ("wdp", "lowrank", "bilinear", "adapter"),
+                                "ranks": (32,), "max_steps": 2000, "grid": False,
                                 "quick": False})
   quick = a["quick"]
   c = ConfigDict()
@@ -46,7 +46,10 @@ def get_config(arg=None):
   # and "learned", per seed the one of dot and them best on dev. A new row is one more entry.
   c.rows = tables.curve_table(a["models"] if not quick else ("wdp", "lowrank"),
                               a["ranks"] if not quick else (32,),
-                              "train_grid" if a["grid"] else None)
+                              "train_grid" if a["grid"] else None, "row_train")
+  # Each trained row but MoL takes its model's entry of `row_train`: the learning rate its dev
+  # split chose at full n (blocks.row_train).
+  c.row_train = blocks.row_train()
   # With `grid`, every row but MoL is trained at each point of `train_grid` (lr x temperature)
   # and the point best on dev kept, per run, like the step (rows record "grid_points").
   c.train_grid = blocks.train_grid()

@@ -10,8 +10,9 @@ shipped with the package; insuranceqa: read from the package insuranceqa-data 1.
 extra; or a BEIR folder or zip), embeddings (names of embedding_specs.EMBEDDINGS:
 mean, cls, mpnet-mean, mpnet-cls; or precomputed:DIR), seeds, folds (K of the cross-validation
 of test-only collections), ranks (of the residual low-rank rows), models (wdp, bilinear,
-lowrank), ict_rows (e.g. bilinear+lowrank_r32: also trained on ICT pairs), quick (bool: one
-seed, 3 folds, scifact + med, mean only: a smoke run).
+lowrank, adapter), ict_rows (e.g. bilinear+lowrank_r32: also trained on ICT pairs), grid (bool:
+each trained row selected on dev over `train_grid`), quick (bool: one seed, 3 folds, scifact +
+med, mean only: a smoke run).
 """
 from ml_collections import ConfigDict
 
@@ -25,7 +26,8 @@ def get_config(arg=None):
                                  "embeddings": ("mean", "cls"), "seeds": (0, 1, 2), "folds": 5,
                                  "ranks": (8, 32, 128),
                                  "models": ("wdp", "bilinear", "lowrank"),
-                                 "ict_rows": ("bilinear", "lowrank_r32"), "quick": False})
+                                 "ict_rows": ("bilinear", "lowrank_r32"), "grid": False,
+                                 "quick": False})
   c = ConfigDict()
   c.job = "study"
   c.seed = 0                        # splits and folds (dev carve-outs), statistics' resampling
@@ -39,7 +41,13 @@ def get_config(arg=None):
   # itself (inverse cloze): rows "<name>_ict", evaluated on every query, no folds (no query is
   # trained on); blended with dot by the label-free guard train.ict.guard ("bm25"; "none" turns
   # it off). A new row is one more entry of `c.rows`.
-  c.rows = tables.study_table(a["models"], a["ranks"], a["ict_rows"] if not a["quick"] else ())
+  # Each trained row takes its model's entry of `row_train` (the lr chosen on dev,
+  # blocks.row_train); with `grid`, it is trained at every point of `train_grid` and the point
+  # best on dev kept, per run and fold (rows record "grid_points", "grid_dev").
+  c.rows = tables.study_table(a["models"], a["ranks"], a["ict_rows"] if not a["quick"] else (),
+                              "train_grid" if a["grid"] else None, "row_train")
+  c.row_train = blocks.row_train()
+  c.train_grid = blocks.train_grid()
   c.runner = ConfigDict({"summary": "queries", "fields": ("n_queries",), "paired": True,
                          "cell": ("collection", "embedding"), "name": "model"})
   # data, encoder, bm25, model, train (+ per-embedding train_overrides), hybrid, eval: the

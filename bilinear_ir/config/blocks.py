@@ -328,6 +328,18 @@ def train_grid() -> ml_collections.ConfigDict:
                                     "temperature": (0.05, 0.1, 0.2)})
 
 
+def row_train() -> ml_collections.ConfigDict:
+  """Each trained row's changes to `train`, by model (the learning curve's and the study's rows;
+  `config.tables.curve_table(..., train="row_train")`): the learning rate chosen on dev at full
+  n on InsuranceQA (12,889 questions, seed 0; lr in 2e-4, 5e-4, 1e-3 at temperature 0.1): per
+  row, the lr whose dev nDCG@10 summed over MiniLM mean and cls is highest
+  (docs/results/learning_curve.md, "The recipe chosen on dev"). Where the two embeddings
+  disagree (lowrank: mean 5e-4, cls 1e-3; bilinear: mean 2e-4, cls 5e-4), `grid` selects per
+  run instead. `--config.row_train.wdp.lr=...` changes one."""
+  return ml_collections.ConfigDict({"wdp": {"lr": 1e-3}, "lowrank": {"lr": 1e-3},
+                                    "bilinear": {"lr": 5e-4}, "adapter": {"lr": 5e-4}})
+
+
 def hybrid_config() -> ml_collections.ConfigDict:
   """The sparse-dense hybrid `lam * dense + (1 - lam) * BM25` (bilinear_ir.retrieval.hybrid).
 

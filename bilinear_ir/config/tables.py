@@ -175,13 +175,14 @@ def _model_rows(models: Sequence[str], ranks: Sequence[int], grid: str | None,
 
 
 def study_table(models: Sequence[str], ranks: Sequence[int], ict_rows: Sequence[str],
-                train: str | None = None) -> tuple[dict[str, Any], ...]:
-  """The rows of the study (configs/study.py): dot, BM25, the trained `models` (`train`: as
-  `curve_table`'s), "learned" (per seed and fold, the trained row best on dev, step 0 included),
-  its hybrid with BM25, and the rows named in `ict_rows` trained on pairs the corpus makes itself
-  (no folds)."""
+                grid: str | None = None, train: str | None = None
+                ) -> tuple[dict[str, Any], ...]:
+  """The rows of the study (configs/study.py): dot, BM25, the trained `models` (`grid`, `train`:
+  as `curve_table`'s), "learned" (per seed and fold, the trained row best on dev, step 0
+  included), its hybrid with BM25, and the rows named in `ict_rows` trained on pairs the corpus
+  makes itself (no folds)."""
   specs = model_specs(models, ranks)
-  rows = baselines("model") + _model_rows(models, ranks, None, train)
+  rows = baselines("model") + _model_rows(models, ranks, grid, train)
   rows.append(row("dev_best", "learned", {"model": "learned"}, over=tuple(s["name"] for s in specs),
                   per="run", step0=True))
   rows.append(row("hybrid", "hybrid", {"model": "hybrid"}, partner="learned", from_partner=()))

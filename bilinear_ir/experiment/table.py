@@ -317,7 +317,7 @@ def summarise(config, cell: Cell, runs: Runs, unseen: list[str], pools
     row["seeds"] = len(outs)
     if kind == "trained":
       row["best_steps"] = [int(o["best_step"]) for o in outs]
-      row["negatives_from"] = outs[0].get("negatives_from")
+      row["negatives_from"] = _negatives_from(outs)
     _grid_fields(row, runs)
     row["unseen_docs"] = rows_lib.unseen_mean(outs, unseen, m0)
     return row, per_query
@@ -334,12 +334,19 @@ def summarise(config, cell: Cell, runs: Runs, unseen: list[str], pools
     row["seconds"] = round(sum(o.get("seconds", 0.0) for o in outs), 1)
   _grid_fields(row, runs)
   if kind == "trained":
-    row["negatives_from"] = outs[0].get("negatives_from")
+    row["negatives_from"] = _negatives_from(outs)
   if kind == "dev_best":
     row["chosen"] = runs.chosen
   if kind == "trained" and spec["split"] == "ict":
     row["ict_lam"] = [(o.get("ict_guard") or {}).get("lam") for o in outs]
   return row, per_query
+
+
+def _negatives_from(outs: Sequence[dict[str, Any]]) -> str | list[str]:
+  """The runs' negatives source (`train.negatives_from`): one name, or one per run where a grid
+  chose it per run."""
+  sources = [o.get("negatives_from") for o in outs]
+  return sources[0] if len(set(sources)) == 1 else sources
 
 
 def _grid_fields(row: dict[str, Any], runs: Runs) -> None:

@@ -123,8 +123,10 @@ def _config(folder, emb, args="seeds=0+1,sizes=8+16+40,models=wdp+bilinear"):
   spec.loader.exec_module(module)
   c = module.get_config(f"collection={folder},embeddings=precomputed:{emb},max_steps=40,{args}")
   # 5 epochs of batches of 8 pairs (5, 10 and 25 steps at n = 8, 16, 40), lr 0.2: WDP's
-  # weights cross zero to learn the signs within the run.
+  # weights cross zero to learn the signs within the run (every row: its `row_train` block too).
   c.train.batch_size, c.train.epochs, c.train.lr = 8, 5, 0.2
+  for block in c.row_train.values():
+    block.lr = 0.2
   c.evals = 4
   c.stats.resamples = 500
   c.hybrid.depth = 10
