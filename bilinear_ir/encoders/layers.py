@@ -205,6 +205,13 @@ class TransformerLayer(nn.Module):
     return layer_norm(self.eps, "output_norm")(x + y)
 
 
+def transformer_layer(remat: bool) -> type[TransformerLayer]:
+  """The layer class an encoder stacks: `TransformerLayer`, or with `remat` the same layer under
+  `nn.remat` (gradient checkpointing: its activations are recomputed in the backward pass
+  instead of kept; params, names and outputs unchanged)."""
+  return nn.remat(TransformerLayer) if remat else TransformerLayer
+
+
 # ----------------------------------------------------------------------------------------------
 # HuggingFace (PyTorch layout) weights -> the params of the modules above.
 
