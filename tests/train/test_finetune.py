@@ -150,19 +150,24 @@ def test_one_step_on_eight_devices_equals_one_device(setup):
   # and the gradient norm agree to float32 rounding.
   np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=1e-5)
   np.testing.assert_allclose(m8["grad_norm"], m1["grad_norm"], rtol=1e-4)
-  # AdamW's first step moves every param by lr * g / (|g| + 1e-8), about lr * sign(g): where the
-  # gradient is float32 noise around 0 (the attention key bias: softmax ignores a constant
-  # shift), its sign may differ between the two orders and the params by up to 2 lr. Everywhere
-  # the two updates agree to 1e-3 lr, and the params moved by lr where the gradient is real.
-  diffs = jax.tree.map(lambda a, b: np.abs(a - b), one["params"], eight["params"])
-  moved = jax.tree.map(lambda a, b: np.abs(a - b), one["params"], before["params"])
-  flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
-  d, mv = flat(diffs), flat(moved)
-  assert d.max() <= 2e-3 + 1e-6
-  assert np.mean(d <= 1e-6) > 0.97, np.mean(d <= 1e-6)
-  assert np.mean(mv > 0.9e-3) > 0.5
-  key_bias = lambda tree: tree["params"]["query"]["layer_0"]["attention"]["qkv"]["bias"][1]
-  assert np.abs(np.delete(d, np.flatnonzero(d <= 1e-6))).size <= key_bias(one).size * 4
+  # AdamW's first step moves each param by lr * g / (|g| + 1e-8), about lr * sign(g), which
+  # magnifies the relative rounding of a small gradient. The attention key bias has a gradient
+  # that is float32 noise around 0 (softmax ignores a constant shift of a row): it may move by
+  # anything up to lr either way (2 lr apart; measured 2.5e-4). Every other param agrees to
+  # 1e-2 lr (measured: 7e-6 on one kernel entry, <= 1e-6 elsewhere), where it moved by ~lr.
+  lr = cfg.lr
+  for path, a in jax.tree_util.tree_leaves_with_path(one["params"]):
+    b, start = eight["params"], before["params"]
+    for k in path:
+      b, start = b[k.key], start[k.key]
+    diff = np.abs(a - b)
+    if path[-2:] == (jax.tree_util.DictKey("qkv"), jax.tree_util.DictKey("bias")):
+      assert diff[1].max() <= 2 * lr + 1e-7, path
+      diff = diff[[0, 2]]  # query and value biases
+    assert diff.max() <= 1e-2 * lr, (path, diff.max())
+  moved = np.concatenate([np.abs(a - b).ravel() for a, b in zip(
+      jax.tree.leaves(one["params"]), jax.tree.leaves(before["params"]))])
+  assert np.mean(moved > 0.9 * lr) > 0.5  # the step did move the params
 
 
 def dev_metric(encoder, data):
