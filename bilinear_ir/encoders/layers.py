@@ -209,7 +209,10 @@ def transformer_layer(remat: bool) -> type[TransformerLayer]:
   """The layer class an encoder stacks: `TransformerLayer`, or with `remat` the same layer under
   `nn.remat` (gradient checkpointing: its activations are recomputed in the backward pass
   instead of kept; params, names and outputs unchanged)."""
-  return nn.remat(TransformerLayer) if remat else TransformerLayer
+  return _REMAT_LAYER if remat else TransformerLayer
+
+
+_REMAT_LAYER = nn.remat(TransformerLayer)
 
 
 # ----------------------------------------------------------------------------------------------
