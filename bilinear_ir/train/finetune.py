@@ -124,8 +124,11 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
   field("compute_dtype", cfg.compute_dtype in COMPUTE_DTYPES, f"one of {COMPUTE_DTYPES}")
   for name in ("shared", "remat"):
     field(name, isinstance(cfg[name], bool), "true or false")
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
   for name in ("temperature", "lr"):
-    field(name, float(cfg[name]) > 0, "> 0")
+    field(name, number(cfg[name]) and cfg[name] > 0, "a number > 0")
+  for name in ("weight_decay", "end_lr_fraction", "clip_norm"):
+    field(name, number(cfg[name]) and cfg[name] >= 0, "a number >= 0")
   for name, low in (("batch_size", 1), ("hard_negatives", 0), ("steps", 1), ("eval_every", 1),
                     ("max_length", 0), ("warmup_steps", 0), ("corpus_chunk", 1),
                     ("checkpoint_every", 1), ("keep_checkpoints", 1)):

@@ -280,6 +280,11 @@ def test_remat_gives_the_same_gradients(setup):
 
 def test_bad_config_names_the_field(setup):
   encoder, _, _, _, data = setup
+  finetune.check_config(blocks.finetune_config())  # the defaults are valid
+  for name, value in (("temperature", 0.0), ("lr", -1.0), ("steps", 0), ("eval_every", 0),
+                      ("compute_dtype", "float16"), ("mode", "both")):
+    with pytest.raises(InputError, match=f"finetune.{name}"):
+      finetune.check_config(ft_cfg(**{name: value}))
   with pytest.raises(InputError, match="finetune.loss"):
     finetune.fit(encoder, data["two_tower"], ft_cfg(mode="two_tower", loss="corpus"), seed=0)
   with pytest.raises(InputError, match="finetune.batch_size"):
