@@ -287,6 +287,70 @@ def train_config() -> ml_collections.ConfigDict:
   return c
 
 
+def finetune_config() -> ml_collections.ConfigDict:
+  """Every knob of encoder fine-tuning (`bilinear_ir.train.finetune`) and its meaning.
+
+  The encoder is the `encoder` block's model, pooled and normalised as its embeddings are; the
+  training pairs, hard-negative pool and dev split are the `data` / `train` blocks' (the pool from
+  `train.negatives_from`); randomness flows from `config.seed`.
+
+  Fields:
+    mode: "query_tower" (only a copy of the encoder for queries trains; docs keep their cached
+      frozen embeddings, so a doc index never changes) or "two_tower" (queries and docs are both
+      encoded from token ids at every step and both sides train; the corpus is encoded again with
+      the current weights for every dev evaluation and for test).
+    shared: two_tower only: True = one encoder for both sides (sentence-transformers' bi-encoder),
+      False = two copies of it, one per side, that train apart.
+    loss: "mnrl" (sentence-transformers' MultipleNegativesRankingLoss: each query's softmax over
+      its positive, every other query's positive and every query's listed hard negatives, the
+      docs judged relevant to it left out; the score is the dot product of the pooled vectors,
+      the cosine where the encoder normalises) or "corpus" (query_tower only: the exact softmax
+      over the whole frozen corpus minus the docs judged relevant to the query,
+      `losses.corpus_softmax_cross_entropy`; `hard_negatives` unused).
+    temperature: scores are divided by it (scale = 1 / temperature; 0.05 = MNRL's scale 20).
+    lr, warmup_steps, end_lr_fraction, weight_decay, clip_norm: AdamW (`trainer.make_optimizer`):
+      peak learning rate, linear warm-up steps, cosine decay to `lr * end_lr_fraction`, decoupled
+      weight decay, global gradient-norm clipping (HuggingFace's Trainer clips at 1.0 too).
+    batch_size: queries per step B (a multiple of the device count: the batch is split over
+      the devices of the data mesh).
+    hard_negatives: negatives per query drawn from the query's hard pool (0: in-batch only).
+    steps: optimisation steps.
+    eval_every: steps between dev evaluations; the frozen encoder (step 0) is a candidate too,
+      and the params best on dev are returned.
+    max_length: tokens per text (special tokens included), queries and docs; 0 = the encoder
+      block's or the model's max_length.
+    compute_dtype: "float32" or "bfloat16" (the forward and backward passes in bfloat16, from a
+      bfloat16 copy of the float32 master params made inside the loss; the params, gradients
+      and optimizer state stay float32). bfloat16 is for accelerators; CPUs gain little.
+    remat: gradient checkpointing: each Transformer layer's activations are recomputed in the
+      backward pass (`encoders.layers.transformer_layer`), for larger batches in less memory.
+    corpus_chunk: docs per chunk of the "corpus" loss (one step holds [B, corpus_chunk] scores).
+    checkpoint_every, keep_checkpoints: orbax cadence and retention (a killed run resumes from
+      the latest checkpoint and ends with the same numbers).
+  """
+  c = ml_collections.ConfigDict()
+  c.mode = "two_tower"
+  c.shared = True
+  c.loss = "mnrl"
+  c.temperature = 0.05
+  c.lr = 5e-5
+  c.warmup_steps = 100
+  c.end_lr_fraction = 0.0
+  c.weight_decay = 0.0
+  c.clip_norm = 1.0
+  c.batch_size = 64
+  c.hard_negatives = 1
+  c.steps = 1000
+  c.eval_every = 100
+  c.max_length = 0
+  c.compute_dtype = "float32"
+  c.remat = False
+  c.corpus_chunk = 4096
+  c.checkpoint_every = 100
+  c.keep_checkpoints = 2
+  return c
+
+
 def eval_config() -> ml_collections.ConfigDict:
   """How the test split is ranked and scored.
 

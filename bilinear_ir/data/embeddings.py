@@ -106,8 +106,10 @@ def bucket_lengths(max_length: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=16)
-def _forward(encoder: Encoder, normalize: bool, tokens: bool):
-  """The jitted `(params, ids [B, L] int32, mask [B, L] int32) -> out`.
+def _forward(module: flax.linen.Module, normalize: bool, tokens: bool):
+  """The jitted `(params, ids [B, L] int32, mask [B, L] int32) -> out` of an encoder's module
+  (keyed by the module, not the `Encoder`: encoders that differ only in params, such as
+  fine-tuned ones, share it and no params are kept alive here).
 
   `out` is [B, L, n] float16 token states (zero at padding, optionally L2-normalised) when
   `tokens`, else [B, 2, n] float32: the raw masked-mean and CLS poolings, both from one pass
@@ -115,7 +117,7 @@ def _forward(encoder: Encoder, normalize: bool, tokens: bool):
   """
 
   def forward(params, ids, mask):
-    hidden = encoder.hidden(params, ids, mask)  # [B, L, n]
+    hidden = module.apply({"params": params}, ids, mask)  # [B, L, n], as `Encoder.hidden`
     if tokens:
       out = hidden * mask.astype(hidden.dtype)[..., None]
       if normalize:
@@ -125,6 +127,27 @@ def _forward(encoder: Encoder, normalize: bool, tokens: bool):
     return jnp.stack(pooled, axis=1).astype(jnp.float32)
 
   return jax.jit(forward)
+
+
+def pad_tokens(token_ids: Sequence[Sequence[int]], length: int, pad_id: int,
+               rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Token id lists as one padded block.
+
+  Args:
+    token_ids: [N] token id lists (`Encoder.tokenize`), each of length <= `length`.
+    length: L, the padded length.
+    pad_id: the id padding takes (`Encoder.pad_id`; any id works, padding is masked).
+    rows: the rows of the block (>= N; the rows after N are empty: all padding); default N.
+
+  Returns:
+    (ids [rows, L] int32, mask [rows, L] int32: 1 on real tokens, a prefix of each row).
+  """
+  rows = len(token_ids) if rows is None else rows
+  ids = np.full((rows, length), pad_id, np.int32)
+  mask = np.zeros((rows, length), np.int32)
+  for r, t in enumerate(token_ids):
+    ids[r, :len(t)], mask[r, :len(t)] = t, 1
+  return ids, mask
 
 
 def run_model(encoder: Encoder, token_ids: list[list[int]], *, normalize: bool,
@@ -154,11 +177,10 @@ def run_model(encoder: Encoder, token_ids: list[list[int]], *, normalize: bool,
   data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(DATA_AXIS))
   params = jax.device_put(encoder.params,
                           jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  forward = _forward(encoder, normalize, tokens)
+  forward = _forward(encoder.module, normalize, tokens)
   lengths = np.array([len(t) for t in token_ids], np.int64)
   order = np.argsort(-lengths, kind="stable")
   buckets = np.array(bucket_lengths(max_length))
-  pad = encoder.pad_id
   shape = ((n_texts, max_length, encoder.hidden_size) if tokens
            else (n_texts, 2, encoder.hidden_size))
   out = np.zeros(shape, TOKEN_DTYPE if tokens else np.float32)
@@ -176,11 +198,7 @@ def run_model(encoder: Encoder, token_ids: list[list[int]], *, normalize: bool,
     for start in range(0, n_texts, batch):
       rows = order[start:start + batch]
       length = int(buckets[np.searchsorted(buckets, lengths[rows[0]])])
-      ids = np.full((batch, length), pad, np.int32)
-      mask = np.zeros((batch, length), np.int32)
-      for r, i in enumerate(rows):
-        ids[r, :lengths[i]] = token_ids[i]
-        mask[r, :lengths[i]] = 1
+      ids, mask = pad_tokens([token_ids[i] for i in rows], length, encoder.pad_id, batch)
       result = forward(params, jax.device_put(ids, data), jax.device_put(mask, data))
       pending.append((rows, length, result))
       if len(pending) > 1:
@@ -310,8 +328,10 @@ def check_encoder(c: ml_collections.ConfigDict, prefix: str = "encoder") -> None
 
 def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tokens: bool,
             max_length: int | None, prefix: str, devices: Sequence[jax.Device] | None,
-            desc: str) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
-  """Encodes `texts` (each after `prefix`) through the cache.
+            desc: str, encoder: Encoder | None = None
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
+  """Encodes `texts` (each after `prefix`) through the cache, with `encoder` (default: the
+  block's model, `load_encoder(encoder_cfg.model)`; its `hashes` key the cache).
 
   Returns:
     ({array name: array}, cache manifest, the settings used: `resolved(encoder_cfg)` with
@@ -319,7 +339,8 @@ def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tok
   """
   check_encoder(encoder_cfg)
   cache_dir = resolve_cache_dir(str(encoder_cfg.cache_dir))
-  encoder = load_encoder(str(encoder_cfg.model), cache_dir)
+  if encoder is None:
+    encoder = load_encoder(str(encoder_cfg.model), cache_dir)
   settings = resolved(encoder_cfg, encoder)
   if max_length is not None:
     settings["max_length"] = int(max_length)
@@ -369,7 +390,8 @@ def _encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, tok
 
 
 def encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, prefix: str = "",
-           devices: Sequence[jax.Device] | None = None, desc: str = "encode") -> np.ndarray:
+           devices: Sequence[jax.Device] | None = None, desc: str = "encode",
+           encoder: Encoder | None = None) -> np.ndarray:
   """Pooled embeddings of `texts` (cached on disk).
 
   Args:
@@ -378,12 +400,14 @@ def encode(texts: Sequence[str], encoder_cfg: ml_collections.ConfigDict, *, pref
     prefix: a prompt put before every text (e.g. `encoder_cfg.query_prompt`).
     devices: the devices to shard batches over (default: all local devices).
     desc: progress bar label.
+    encoder: the encoder to run instead of the block's model (e.g. fine-tuned weights,
+      `train.finetune.tuned_encoder`: its weights hash keys the cache entry).
 
   Returns:
     [N, n] float32, row i for texts[i].
   """
   arrays, _, settings = _encode(texts, encoder_cfg, tokens=False, max_length=None,
-                                prefix=prefix, devices=devices, desc=desc)
+                                prefix=prefix, devices=devices, desc=desc, encoder=encoder)
   return pooled(arrays, settings)
 
 

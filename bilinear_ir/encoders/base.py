@@ -81,15 +81,16 @@ class Encoder:
             field="max_length")
     if not texts:
       return []
-    tokenizer = _truncating(self, int(max_length))
+    tokenizer = _truncating(self.tokenizer, int(max_length))
     return [e.ids for e in tokenizer.encode_batch([prefix + t for t in texts],
                                                   add_special_tokens=True)]
 
 
 @functools.lru_cache(maxsize=32)
-def _truncating(encoder: Encoder, max_length: int):
-  """A copy of the encoder's tokenizer that truncates at `max_length` (no padding)."""
-  tokenizer = tokenizers.Tokenizer.from_str(encoder.tokenizer.to_str())
+def _truncating(original: tokenizers.Tokenizer, max_length: int):
+  """A copy of an encoder's tokenizer that truncates at `max_length` (no padding); keyed by the
+  tokenizer object, so encoders that share it (fine-tuned copies) share the copy."""
+  tokenizer = tokenizers.Tokenizer.from_str(original.to_str())
   tokenizer.no_padding()
   tokenizer.enable_truncation(max_length)
   return tokenizer

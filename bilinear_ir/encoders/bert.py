@@ -32,6 +32,8 @@ class BertEncoder(nn.Module):
     act: HuggingFace activation name ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu").
     eps: LayerNorm epsilon.
     precision: matmul precision (None: jax's default).
+    remat: recompute each layer's activations in the backward pass (`layers.transformer_layer`;
+      fine-tuning's gradient checkpointing); the outputs are the same.
   """
   vocab_size: int
   hidden_size: int
@@ -43,6 +45,7 @@ class BertEncoder(nn.Module):
   act: str = "gelu"
   eps: float = 1e-12
   precision: jax.lax.Precision | str | None = None
+  remat: bool = False
 
   @nn.compact
   def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
@@ -65,8 +68,9 @@ class BertEncoder(nn.Module):
     x = layers.layer_norm(self.eps, "embeddings_norm")(x)
     bias = layers.padding_bias(mask, x.dtype)
     for i in range(self.num_layers):
-      x = layers.TransformerLayer(self.num_heads, self.intermediate_size, self.act, self.eps,
-                                  self.precision, name=f"layer_{i}")(x, bias)
+      layer = layers.transformer_layer(self.remat)
+      x = layer(self.num_heads, self.intermediate_size, self.act, self.eps, self.precision,
+                name=f"layer_{i}")(x, bias)
     return x
 
 

@@ -205,6 +205,16 @@ class TransformerLayer(nn.Module):
     return layer_norm(self.eps, "output_norm")(x + y)
 
 
+def transformer_layer(remat: bool) -> type[TransformerLayer]:
+  """The layer class an encoder stacks: `TransformerLayer`, or with `remat` the same layer under
+  `nn.remat` (gradient checkpointing: its activations are recomputed in the backward pass
+  instead of kept; params, names and outputs unchanged)."""
+  return _REMAT_LAYER if remat else TransformerLayer
+
+
+_REMAT_LAYER = nn.remat(TransformerLayer)
+
+
 # ----------------------------------------------------------------------------------------------
 # HuggingFace (PyTorch layout) weights <-> the params of the modules above.
 

@@ -75,6 +75,8 @@ class MPNetEncoder(nn.Module):
     act: HuggingFace activation name.
     eps: LayerNorm epsilon.
     precision: matmul precision (None: jax's default).
+    remat: recompute each layer's activations in the backward pass (`layers.transformer_layer`;
+      fine-tuning's gradient checkpointing); the outputs are the same.
   """
   vocab_size: int
   hidden_size: int
@@ -86,6 +88,7 @@ class MPNetEncoder(nn.Module):
   act: str = "gelu"
   eps: float = 1e-5
   precision: jax.lax.Precision | str | None = None
+  remat: bool = False
 
   @nn.compact
   def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
@@ -110,8 +113,9 @@ class MPNetEncoder(nn.Module):
     position_bias = jnp.transpose(table(jnp.asarray(buckets)), (2, 0, 1))[None]  # [1, h, L, L]
     bias = layers.padding_bias(mask, x.dtype)
     for i in range(self.num_layers):
-      x = layers.TransformerLayer(self.num_heads, self.intermediate_size, self.act, self.eps,
-                                  self.precision, name=f"layer_{i}")(x, bias, position_bias)
+      layer = layers.transformer_layer(self.remat)
+      x = layer(self.num_heads, self.intermediate_size, self.act, self.eps, self.precision,
+                name=f"layer_{i}")(x, bias, position_bias)
     return x
 
 

@@ -147,7 +147,7 @@ def test_one_compilation_per_bucket_not_per_batch(tiny_model_dir, tmp_path):
   c = cfg(tiny_model_dir, str(tmp_path), batch_size=4)  # 10 batches
   embeddings.encode(texts, c, devices=jax.local_devices()[:1])
   encoder = names.load_encoder(c.model, embeddings.resolve_cache_dir(c.cache_dir))
-  forward = embeddings._forward(encoder, False, False)  # pylint: disable=protected-access
+  forward = embeddings._forward(encoder.module, False, False)  # pylint: disable=protected-access
   lengths = [len(x) for x in encoder.tokenize(texts, 48)]
   buckets = embeddings.bucket_lengths(48)
   used = {min(b for b in buckets if b >= length) for length in lengths}
