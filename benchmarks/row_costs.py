@@ -35,10 +35,12 @@ Per row and width n, two facts about the index and two latencies:
     processes on a shared machine than the medians.
   * numpy peer for dot: `q @ docs.T`, `argpartition` and a sort of the top 10 (its BLAS core
     and thread count in the hardware line; its core type chosen by `blas_setup` before numpy
-    loads).
+    loads), timed after the rows (its BLAS threads spin on after a call and would slow the next
+    function), its ratio against dot's median.
 Timing: every function compiled and run once before timing (`timing.timed_interleaved`'s
-warm-up), then --repeats rounds, in each every row called once in an order that rotates between
-rounds; the median. On a shared machine the medians move with the load; the ratios to dot,
+warm-up), then --repeats rounds, in each every row called twice, the second call timed (so the
+previous call's after-effects fall on the untimed one), in an order that rotates between rounds;
+the median. On a shared machine the medians move with the load; the ratios to dot,
 measured in the same rounds, move less.
 """
 from __future__ import annotations
@@ -200,9 +202,12 @@ def measure(num_docs: int, dim: int, repeats: int, seed: int,
   for b in batches:
     qb = jnp.asarray(queries[:b])
     calls = {name: (lambda f=f, qb=qb: f(qb)) for name, f in fns.items()}
-    calls["numpy"] = lambda qn=queries[:b]: numpy_topk(qn, docs_np)
     fastest = {}
-    ms = timing.timed_interleaved(calls, repeats, warmup=1, fastest=fastest)
+    ms = timing.timed_interleaved(calls, repeats, warmup=1, rewarm=1, fastest=fastest)
+    # numpy after the rows, not among them: its BLAS threads spin on after each call and would
+    # slow whichever row follows it
+    ms |= timing.timed_interleaved({"numpy": lambda qn=queries[:b]: numpy_topk(qn, docs_np)},
+                                   repeats, warmup=1, fastest=fastest)
     for row in rows:
       per_q = ms[row["row"]] / b
       served = ms.get(f"{row['row']}@served", ms[row["row"]]) / b

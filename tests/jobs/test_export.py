@@ -173,6 +173,9 @@ def query_side(setup):
     info = json.load(open(os.path.join(folder, "bilinear_ir.json"), encoding="utf-8"))
     stack = json.load(open(os.path.join(folder, "modules.json"), encoding="utf-8"))
     assert all(m["type"].startswith("sentence_transformers.") for m in stack)  # built-ins only
+    weights = [f for _, _, fs in os.walk(folder) for f in fs
+               if f.endswith((".safetensors", ".bin", ".pt", ".pth", ".pkl"))]
+    assert weights and all(f.endswith(".safetensors") for f in weights)  # nothing pickled
     out[name] = module, params, SentenceTransformer(folder, device="cpu",
                                                     trust_remote_code=False), info
   return out
