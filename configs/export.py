@@ -1,4 +1,5 @@
-r"""export: a trained table similarity (dot, wdp, bilinear, lowrank) in another tool's format.
+r"""export: a trained table similarity (dot, wdp, bilinear, lowrank, adapter) in another
+tool's format.
 
   python -m bilinear_ir.main \
       --config=configs/export.py:model_dir=runs/w/model,format=sentence-transformers \
@@ -12,7 +13,8 @@ WORKDIR/models/...), format: sentence-transformers (needs the `st` extra), head 
 matrices alone: models over precomputed embeddings), faiss (an IndexFlatIP over the doc table
 of `data`'s collection; needs the `faiss` extra; `--config.data.format=beir
 --config.data.path=DIR` for another collection) or query_side (sentence-transformers, the whole
-similarity on the query side: `encode_document` gives the raw embeddings an existing index holds).
+similarity on the query side: `encode_document` gives the raw embeddings an existing index holds;
+the only format for the adapter, whose query side q + f(q) is not a matrix).
 """
 from ml_collections import ConfigDict
 

@@ -62,7 +62,7 @@ def test_tfds_builder_names_the_tfds_extra(monkeypatch):
 def test_sentence_transformers_export_names_the_st_extra(monkeypatch, tmp_path):
   _hide(monkeypatch, "sentence_transformers", "torch")
   with pytest.raises(InputError, match=r"sentence-transformers export needs .*\[st\]"):
-    sentence_transformers.build(np.eye(2), np.eye(2), str(tmp_path),
+    sentence_transformers.build([sentence_transformers.Layer(np.eye(2))], [], str(tmp_path),
                                 {"max_length": 8, "pooling": "mean", "normalize": True})
 
 

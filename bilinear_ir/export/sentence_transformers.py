@@ -8,10 +8,15 @@ HuggingFace weights and tokenizer (Transformer), its pooling and normalisation a
 document route is one with B^T; `similarity_fn_name = "dot"` and the prompts as trained.
 `model.encode_query(q) @ model.encode_document(d).T` are the project's scores.
 
-The query-side form (`query_side_matrix`; `build(m, None, ...)`): score(q, d) = q A B^T d^T =
+The query-side form (`query_side_layers`; `build(layers, [], ...)`): score(q, d) = q A B^T d^T =
 (q M) . d with M = A B^T [n, n], so the query route is one `Dense` with weight M^T and the
 document route is empty: documents are the encoder's raw embeddings, and an index already built
 over them serves the learned similarity unchanged (every table scorer, whatever its table width).
+The residual adapter (`scorers.adapter`, q + f(q)) has raw documents already; its query route is
+two `Dense` layers that compute q + f(q) exactly (`adapter_layers`). Every module of the folder is
+one of sentence-transformers' own, so it loads without trust_remote_code (sentence-transformers 6
+imports a module class from outside its own package only with trust_remote_code=True), and every
+weight is written as safetensors.
 
 Needs the `st` extra (sentence-transformers, torch), imported inside `build` (absolute imports:
 the third-party `sentence_transformers`, not this module). Models over precomputed embeddings
@@ -19,6 +24,7 @@ have no encoder to ship: `export.head`.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -26,27 +32,69 @@ import numpy as np
 
 from bilinear_ir import files
 from bilinear_ir.errors import missing_extra
+from bilinear_ir.scorers.adapter import QueryAdapter
+from bilinear_ir.scorers.base import TableScorer
+from bilinear_ir.scorers.base import table_matrices
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+  """One sentence-transformers `Dense`: x [B, i] -> activation(x weight + bias) [B, o].
+
+  Attributes:
+    weight: [i, o].
+    bias: [o], or None (no bias).
+    activation: "identity" or "silu".
+  """
+  weight: np.ndarray
+  bias: np.ndarray | None = None
+  activation: str = "identity"
 
 
 def query_side_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   """M [n, n] = A B^T of a linear table scorer's matrices (`scorers.base.table_matrices`: A, B
   [n, w]), so that score(q, d) = (q M) . d over the raw doc embeddings (WDP: diag(v); bilinear:
   W; residual low-rank: I + P Q^T), computed in float64.
-
-  The hook for a scorer whose query side is not a matrix (the residual adapter q + f(q), whose
-  documents are raw already): it gets its own query modules in `build` (a module the project
-  ships, so loading needs no trust_remote_code) in place of this matrix's `Dense`.
   """
   return (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.float32)
 
 
-def build(a: np.ndarray, b: np.ndarray | None, encoder_folder: str, settings: dict[str, Any]):
+def adapter_layers(params: Any) -> list[Layer]:
+  """The residual adapter's query side q + f(q), f(q) = silu(q W1 + b1) W2 + b2
+  (`scorers.adapter`: W1 [n, h], W2 [h, n]), as two `Dense` layers of built-in modules:
+
+    x = silu(q [I, -I, W1] + [0, 0, b1])       [B, 2n + h]
+    x [I; -I; W2] + b2 = silu(q) - silu(-q) + f(q) = q + f(q)    [B, n]
+
+  since silu(t) - silu(-t) = t (sigmoid(t) + sigmoid(-t)) = t: the residual passes through the
+  nonlinearity exactly (to float32 rounding), with no module of the project in the folder.
+  """
+  w1, b1 = (np.asarray(params["hidden"][k], np.float32) for k in ("kernel", "bias"))
+  w2, b2 = (np.asarray(params["out"][k], np.float32) for k in ("kernel", "bias"))
+  eye = np.eye(w1.shape[0], dtype=np.float32)
+  zeros = np.zeros(w1.shape[0], np.float32)
+  return [Layer(np.concatenate([eye, -eye, w1], axis=1), np.concatenate([zeros, zeros, b1]),
+                "silu"),
+          Layer(np.concatenate([eye, -eye, w2], axis=0), b2)]
+
+
+def query_side_layers(module: TableScorer, params: Any) -> list[Layer]:
+  """The query route of the query-side export of a table scorer, whose documents are the raw
+  embeddings: q [B, n] -> [B, n]. The adapter: `adapter_layers`; a linear table scorer: one
+  `Dense` of `query_side_matrix` (a scorer that is neither is refused by `table_matrices`)."""
+  if isinstance(module, QueryAdapter):
+    return adapter_layers(params)
+  return [Layer(query_side_matrix(*table_matrices(module, params)))]
+
+
+def build(query: list[Layer], doc: list[Layer], encoder_folder: str, settings: dict[str, Any]):
   """The `SentenceTransformer` of a table similarity over a frozen encoder (in memory).
 
   Args:
-    a: [n, w] query matrix (query_table(q) = q A).
-    b: [n, w] doc matrix, or None: documents are the encoder's raw embeddings (the query-side
-      form; then a is [n, n], `query_side_matrix`).
+    query: the query route's layers, [B, n] -> [B, w]: `[Layer(A)]` (query_table(q) = q A), or
+      `query_side_layers` ([B, n] -> [B, n]).
+    doc: the document route's layers, [B, n] -> [B, w]: `[Layer(B)]`, or [] (the query-side form:
+      documents are the encoder's raw embeddings).
     encoder_folder: the HuggingFace-layout folder of the frozen encoder.
     settings: the resolved embedding settings: pooling, normalize, max_length, query_prompt,
       doc_prompt.
@@ -59,20 +107,23 @@ def build(a: np.ndarray, b: np.ndarray | None, encoder_folder: str, settings: di
     raise missing_extra("sentence-transformers and torch", "st",
                         "the sentence-transformers export") from None
 
-  def dense(matrix: np.ndarray):
-    layer = modules.Dense(matrix.shape[0], matrix.shape[1], bias=False,
-                          activation_function=torch.nn.Identity())
+  def dense(layer: Layer):
+    out = modules.Dense(layer.weight.shape[0], layer.weight.shape[1], bias=layer.bias is not None,
+                        activation_function={"identity": torch.nn.Identity,
+                                             "silu": torch.nn.SiLU}[layer.activation]())
     with torch.no_grad():
-      layer.linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(matrix.T)))
-    return layer
+      out.linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(layer.weight.T, np.float32)))
+      if layer.bias is not None:
+        out.linear.bias.copy_(torch.from_numpy(np.array(layer.bias, np.float32)))
+    return out
 
-  n = a.shape[0]
+  n = query[0].weight.shape[0]
   stack = [modules.Transformer(encoder_folder, max_seq_length=int(settings["max_length"])),
            modules.Pooling(n, pooling_mode=settings["pooling"])]
   if settings["normalize"]:
     stack.append(modules.Normalize())
   stack.append(modules.Router.for_query_document(
-      query_modules=[dense(a)], document_modules=[] if b is None else [dense(b)]))
+      query_modules=[dense(x) for x in query], document_modules=[dense(x) for x in doc]))
   prompts = {name: text for name, text in (("query", settings.get("query_prompt", "")),
                                            ("document", settings.get("doc_prompt", "")))
              if text}

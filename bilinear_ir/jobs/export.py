@@ -11,8 +11,9 @@ and normalisation, a query / document `Router` of two `Dense` layers;
 scores. `head`: the two matrices alone (`export.head`; for models over precomputed embeddings,
 which have no encoder to ship). `faiss`: an `IndexFlatIP` over the doc table of `data`'s
 collection (`export.faiss_index`), its doc ids and the query head. `query_side`: a
-sentence-transformers folder whose query route is one `Dense` (M = A B^T, n x n) and whose
-document route is empty, so an index of the encoder's raw doc embeddings serves it unchanged.
+sentence-transformers folder whose query route is one `Dense` (M = A B^T, n x n; the adapter:
+two `Dense` computing q + f(q)) and whose document route is empty, so an index of the encoder's
+raw doc embeddings serves it unchanged (the adapter exports only so).
 Every format carries `bilinear_ir.json`, what it was exported from, with `doc_side`: "raw"
 (query_side) or "table" (the doc table of width `table_width`).
 """
@@ -38,6 +39,7 @@ from bilinear_ir.export import head
 from bilinear_ir.export import saved_model
 from bilinear_ir.export import sentence_transformers
 from bilinear_ir.report import outputs
+from bilinear_ir.scorers.adapter import QueryAdapter
 from bilinear_ir.scorers.base import TableScorer
 from bilinear_ir.scorers.base import table_matrices
 
@@ -81,14 +83,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
   module, params, meta = saved_model.load_model(config.model_dir)
   if not isinstance(module, TableScorer):
     raise input_error(f"scorer {meta['scorer']!r} has no query/doc tables to export (table "
-                      "scorers: dot, wdp, bilinear, lowrank)",
+                      "scorers: dot, wdp, bilinear, lowrank, adapter)",
                       file=os.path.join(config.model_dir, saved_model.CONFIG), field="scorer")
-  a, b = table_matrices(module, params)
+  adapter = isinstance(module, QueryAdapter)
+  if adapter and config.format != "query_side":
+    raise input_error("the adapter's query side q + f(q) is not a matrix; its documents are the "
+                      "raw embeddings: export format=query_side", file="config", field="format")
+  a, b = (None, None) if adapter else table_matrices(module, params)
   settings = meta["embedding"]
   description = {"model_dir": os.path.abspath(config.model_dir), "scorer": meta["scorer"],
                  "options": meta["options"], "dim": meta["dim"], "embedding": settings,
                  "params_sha256": meta["params_sha256"], "format": config.format,
-                 "table_width": int(a.shape[1]),
+                 "table_width": int(module.dim if adapter else a.shape[1]),
                  "doc_side": "raw" if config.format == "query_side" else "table"}
   cache_dir = embeddings_lib.resolve_cache_dir(config.encoder.cache_dir)
   if config.format in ("sentence-transformers", "query_side"):
@@ -97,8 +103,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
                         "encoder to ship; export format=head", file="config", field="format")
     _, folder = names.resolve(settings["model"], cache_dir)
     if config.format == "query_side":
-      a, b = sentence_transformers.query_side_matrix(a, b), None
-    model = sentence_transformers.build(a, b, folder, settings)  # built now: errors before writes
+      query, doc = sentence_transformers.query_side_layers(module, params), []
+    else:
+      query, doc = [sentence_transformers.Layer(a)], [sentence_transformers.Layer(b)]
+    model = sentence_transformers.build(query, doc, folder, settings)  # built now: errors first
     writer = functools.partial(sentence_transformers.save, model=model,
                                description=description)
   elif config.format == "head":

@@ -1,6 +1,7 @@
 """Exports of trained table similarities: sentence-transformers (loaded back with
-`SentenceTransformer`), the head alone, the FAISS index and the query-side model (served by FAISS
-and LanceDB indexes of the raw doc embeddings), each scoring / searching as the project does."""
+`SentenceTransformer`), the head alone, the FAISS index and the query-side model (the linear
+scorers and the residual adapter, served by FAISS and LanceDB indexes of the raw doc embeddings),
+each scoring / searching as the project does."""
 import json
 import os
 
@@ -11,6 +12,7 @@ import pytest
 from bilinear_ir import scorers
 from bilinear_ir.config import blocks
 from bilinear_ir.data import pipeline
+from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.export import saved_model
@@ -21,7 +23,8 @@ from conftest import write_beir
 from conftest import write_model
 
 QUERY_SIDE_SPECS = {"wdp": {"scorer": "wdp"}, "bilinear": {"scorer": "bilinear"},
-                    "lowrank": {"scorer": "lowrank", "rank": 3, "residual": "identity"}}
+                    "lowrank": {"scorer": "lowrank", "rank": 3, "residual": "identity"},
+                    "adapter": {"scorer": "adapter", "hidden": 8}}
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +173,21 @@ def query_side(setup):
     info = json.load(open(os.path.join(folder, "bilinear_ir.json"), encoding="utf-8"))
     stack = json.load(open(os.path.join(folder, "modules.json"), encoding="utf-8"))
     assert all(m["type"].startswith("sentence_transformers.") for m in stack)  # built-ins only
+    weights = [f for _, _, fs in os.walk(folder) for f in fs
+               if f.endswith((".safetensors", ".bin", ".pt", ".pth", ".pkl"))]
+    assert weights and all(f.endswith(".safetensors") for f in weights)  # nothing pickled
     out[name] = module, params, SentenceTransformer(folder, device="cpu",
                                                     trust_remote_code=False), info
   return out
+
+
+def test_adapter_exports_only_query_side(setup, query_side, tmp_path):
+  # Its query side is no matrix: the table formats are refused before anything is written.
+  root, _, _, _ = setup
+  for fmt in ("sentence-transformers", "head"):
+    with pytest.raises(InputError, match="format=query_side"):
+      _export(str(root / "qs_model_adapter"), fmt, str(tmp_path / fmt))
+    assert not os.path.exists(tmp_path / fmt)
 
 
 def _queries(prepared):
