@@ -9,6 +9,7 @@ training split) over all test queries and over the unseen-answer ones
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -89,7 +90,8 @@ def fine_tune_row(outs: list[dict[str, Any]], measures, m0: str, sel: str, cfg
   return {"metrics": rows_lib.query_means([o["per_query"] for o in outs], measures),
           "per_query": per_query, "dev": {sel: rows_lib.dev_mean(outs, sel)},
           "best_steps": [int(o["best_step"]) for o in outs],
-          "history": [o["history"] for o in outs],
+          "history": [[{**h, "loss": None if math.isnan(h["loss"]) else h["loss"]}
+                       for h in o["history"]] for o in outs],  # step 0 has no loss: null
           "finetune": {"mode": cfg.mode, "steps": int(cfg.steps),
                        "seconds": round(sum(o["seconds"] for o in outs), 3),
                        "device": finetuning.device(),

@@ -19,8 +19,8 @@ def markdown(results: dict[str, Any], config) -> str:
          f"seeds {results['seeds']}; hard negatives from {results['negatives']['from']} "
          f"(top {results['negatives']['hard_depth']}).\n"]
   for emb in dict.fromkeys(r["embedding"] for r in rows):
-    table = []
-    for r in (r for r in rows if r["embedding"] == emb):
+    table, mine = [], [r for r in rows if r["embedding"] == emb]
+    for r in mine:
       ft, unseen = r.get("finetune"), r["unseen"]
       table.append([r["model"], *(r["metrics"][m] for m in measures),
                     text.fmt_paired(r.get("vs_dot"), alpha),
@@ -28,8 +28,8 @@ def markdown(results: dict[str, Any], config) -> str:
                     text.fmt_paired(unseen.get("vs_dot"), alpha, ci=False),
                     "+".join(map(str, r.get("best_steps", []))) or "-",
                     f"{ft['seconds']:.1f} s on {ft['device']}" if ft else "-",
-                    f"{ft['reindex_seconds']:.1f} s" if ft else "-"])
-    out.append(f"\n## {results['collection']} / {emb} (n_train = {rows[0]['n_train']})\n\n")
+                    f"{ft['reindex_seconds']:.2f} s" if ft else "-"])
+    out.append(f"\n## {results['collection']} / {emb} (n_train = {mine[0]['n_train']})\n\n")
     out.append(text.markdown_table(table, ["model", *measures, f"{m0} vs dot",
                                            f"{m0} unseen-answer", "unseen vs dot",
                                            "chosen step", "training", "corpus re-encode"],
