@@ -16,6 +16,7 @@ import pytest
 from bilinear_ir.data import embeddings
 from bilinear_ir.data import loaders
 from bilinear_ir.encoders import hf_folder
+from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import finetuning
 from bilinear_ir.experiment import spec as spec_lib
@@ -194,3 +195,19 @@ def test_a_killed_fine_tune_resumes_to_the_same_numbers(planted, finished, monke
   assert again["best_steps"] == want["best_steps"]
   assert again["per_query"] == want["per_query"] and again["metrics"] == want["metrics"]
   assert os.path.isdir(os.path.join(workdir, "runs"))
+
+
+def test_query_tower_with_the_corpus_loss(planted, tmp_path):
+  config = shrunk(planted, "query_tower")
+  config.finetune.loss = "corpus"
+  results = run_job(config, str(tmp_path / "w"))
+  ft = results["rows"][1]
+  assert results["loss"] == "corpus" and ft["finetune"]["reindex_seconds"] == 0.0
+  assert all(np.isfinite(h["loss"]) for h in ft["history"][0][1:])
+  assert ft["best_steps"][0] > 0  # the planted map is learned from the softmax over the corpus
+
+
+def test_two_tower_refuses_the_corpus_loss():
+  config = get_config("finetune", "mode=two_tower,loss=corpus")
+  with pytest.raises(InputError, match="finetune.loss"):
+    job.validate(config)
