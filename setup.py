@@ -13,6 +13,8 @@ EXTRAS = {
     # The sentence-transformers export (configs/export.py) and its test; sentence-transformers
     # 5 is the first with `Router` (asymmetric query / document modules).
     "st": ["sentence-transformers>=5", "torch>=2.2"],
+    # benchmarks/finetune_peer.py: sentence-transformers' own trainer (the fine-tune's peer).
+    "peer": ["sentence-transformers>=5", "torch>=2.2", "datasets>=2.19", "accelerate>=0.26"],
     "tb": ["tensorboardX>=2.6"],  # train.tensorboard
     "hub": ["huggingface_hub>=0.24"],  # encoder.model given as a hub name "org/name"
     "stem": ["PyStemmer>=2.2"],  # bm25.stemmer / tokenizer.stemmer

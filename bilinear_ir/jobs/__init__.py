@@ -18,6 +18,7 @@ from bilinear_ir.jobs import collection_stats
 from bilinear_ir.jobs import embed
 from bilinear_ir.jobs import export
 from bilinear_ir.jobs import fidelity_bm25
+from bilinear_ir.jobs import finetune
 from bilinear_ir.jobs import late_interaction
 from bilinear_ir.jobs import learning_curve
 from bilinear_ir.jobs import lowrank_analysis
@@ -30,7 +31,7 @@ from bilinear_ir.jobs import train_eval
 
 JOBS: dict[str, ModuleType] = {module.__name__.rsplit(".", 1)[-1]: module for module in (
     train_eval, reproduce_table, lowrank_analysis, mol, late_interaction, retrieve, fidelity_bm25,
-    synthetic_agreement, collection_stats, embed, study, export, learning_curve)}
+    synthetic_agreement, collection_stats, embed, study, export, learning_curve, finetune)}
 
 
 def get(name: str) -> ModuleType:

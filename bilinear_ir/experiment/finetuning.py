@@ -1,0 +1,156 @@
+"""The fine-tune row of a table: one `train.finetune` run of an embedding's encoder on a split
+set's training queries, selected on dev and evaluated on test over the full corpus.
+
+    setting = Setting.of(recipe, prepared, splitset)   # the encoder, its settings, the texts
+    out = run(setting, config.finetune, seed, measures, depth, select_metric, checkpoint_dir)
+
+Both sides rank by the dot product of pooled vectors (the encoder's pooling and normalisation,
+as the frozen embeddings were made). Dev and test rank every doc of the corpus: in query_tower
+the frozen cached doc embeddings (`prepared.embeddings.docs`, never re-encoded), in two_tower the
+corpus encoded again by the doc side of the params (`finetune.encode_side`, cached by the
+weights' hash). Step 0 (the frozen encoder) is a candidate of the dev selection; the test split
+is read once, with the chosen params.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from bilinear_ir.data import embeddings
+from bilinear_ir.data import pipeline
+from bilinear_ir.encoders.base import Encoder
+from bilinear_ir.encoders.names import load_encoder
+from bilinear_ir.errors import require
+from bilinear_ir.experiment import evaluate
+from bilinear_ir.scorers import registry
+from bilinear_ir.train import finetune
+
+
+@dataclasses.dataclass
+class Setting:
+  """What every fine-tune of one embedding shares.
+
+  Attributes:
+    encoder: the frozen encoder (`names.load_encoder` of the `encoder` block's model).
+    encoder_cfg: the `encoder` block the frozen embeddings were made with.
+    settings: their resolved settings (`Embeddings.manifest["settings"]`: pooling, normalize,
+      max_length, query_prompt, doc_prompt).
+    prepared: the collection, its frozen embeddings (docs [N, n]) and BM25.
+    splitset: the train / dev / test splits.
+    hard_depth, negatives_from: the hard-negative pool (`pipeline.trainset`).
+  """
+  encoder: Encoder
+  encoder_cfg: ml_collections.ConfigDict
+  settings: dict[str, Any]
+  prepared: pipeline.Prepared
+  splitset: pipeline.SplitSet
+  hard_depth: int
+  negatives_from: str
+
+  @classmethod
+  def of(cls, recipe, prepared: pipeline.Prepared, splitset: pipeline.SplitSet) -> Setting:
+    """The setting of a table recipe (`experiment.spec.Recipe`: its encoder and train blocks)."""
+    enc = recipe.encoder
+    require(enc.kind == "flax", "a fine-tune needs the encoder itself, not precomputed "
+            "embeddings", field="embeddings")
+    encoder = load_encoder(str(enc.model), embeddings.resolve_cache_dir(str(enc.cache_dir)))
+    return cls(encoder, enc, dict(prepared.embeddings.manifest["settings"]), prepared,
+               splitset, int(recipe.train.hard_depth), str(recipe.train.negatives_from))
+
+
+def tokens(encoder: Encoder, texts: Sequence[str], max_length: int, prefix: str
+           ) -> tuple[np.ndarray, np.ndarray]:
+  """(ids [N, L], mask [N, L]) int32 of `texts` after `prefix`, truncated to `max_length`
+  tokens and padded to the longest (L <= max_length): the tokens `embeddings.encode` runs."""
+  ids = encoder.tokenize(list(texts), max_length, prefix)
+  return embeddings.pad_tokens(ids, max(len(t) for t in ids), encoder.pad_id)
+
+
+def finetune_data(setting: Setting, cfg: ml_collections.ConfigDict) -> finetune.FinetuneData:
+  """The `FinetuneData` of the training split: its queries' tokens, its judged pairs and each
+  query's hard-negative pool, the frozen doc vectors [N, n] (query_tower) or every doc's tokens
+  (two_tower)."""
+  s, coll = setting.settings, setting.prepared.collection
+  length = int(s["max_length"])
+  require(cfg.max_length in (0, length), f"must be 0 or the embeddings' max_length {length} "
+          "(set encoder.max_length to change both)", field="finetune.max_length")
+  train = setting.splitset.train
+  trainset, _ = pipeline.trainset(setting.prepared, train,
+                                  setting.hard_depth if cfg.hard_negatives else 0,
+                                  setting.negatives_from)
+  data = finetune.FinetuneData(
+      queries=tokens(setting.encoder, [coll.queries[q] for q in train.query_ids], length,
+                     s["query_prompt"]),
+      trainset=trainset, pooling=s["pooling"], normalize=bool(s["normalize"]))
+  if cfg.mode == "query_tower":
+    data.doc_vectors = setting.prepared.embeddings.docs
+  else:
+    data.docs = tokens(setting.encoder, coll.doc_strings(), length, s["doc_prompt"])
+  return data
+
+
+def ranker(setting: Setting, split: pipeline.Split, mode: str, measures: Sequence[str],
+           depth: int) -> Callable[[dict[str, Any]], tuple[dict[str, Any], float]]:
+  """params (a fine-tune's, `finetune.init_params`' keys) -> (metrics {"mean", "per_query"} of
+  `split`'s queries ranked over the whole corpus by the dot product, seconds spent encoding
+  the corpus: 0 in query_tower, whose docs are the frozen embeddings [N, n])."""
+  s, coll, enc = setting.settings, setting.prepared.collection, setting.encoder_cfg
+  texts = [coll.queries[q] for q in split.query_ids]
+  evaluator = evaluate.RankingEvaluator(split.query_ids, coll.doc_ids, split.qrels,
+                                        tuple(measures), "full", depth)
+  module = registry.build("dot", setting.prepared.dim)
+  scorer_params = registry.init_params(module, jax.random.key(0))
+
+  def rank(params: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    q = finetune.encode_side(texts, enc, setting.encoder, params, "query", s["query_prompt"])
+    started = time.perf_counter()
+    if mode == "query_tower":
+      docs = setting.prepared.embeddings.docs
+    else:
+      docs = finetune.encode_side(coll.doc_strings(), enc, setting.encoder, params, "doc",
+                                  s["doc_prompt"])
+    seconds = 0.0 if mode == "query_tower" else time.perf_counter() - started
+    return evaluator(module, scorer_params, q, docs)[0], seconds
+
+  return rank
+
+
+def run(setting: Setting, cfg: ml_collections.ConfigDict, seed: int, measures: Sequence[str],
+        depth: int, select_metric: str, checkpoint_dir: str | None) -> dict[str, Any]:
+  """One fine-tune, selected on dev (`select_metric` of the dev queries over the corpus, step 0
+  a candidate) and evaluated on test with the chosen params.
+
+  Returns:
+    {"metrics": {measure: mean}, "per_query": {qid: {measure: v}} (test), "dev": {select_metric:
+    the chosen step's}, "best_step", "history" (`FinetuneResult.history`), "seconds" (training),
+    "steps", "reindex_seconds" (the longest corpus encode of this run; 0 in query_tower),
+    "params" (the chosen ones)}.
+  """
+  dev = ranker(setting, setting.splitset.dev, cfg.mode, (select_metric,), depth)
+  encodes = [0.0]
+
+  def dev_metric(params: dict[str, Any]) -> float:
+    metrics, seconds = dev(params)
+    encodes.append(seconds)
+    return metrics["mean"][select_metric]
+
+  result = finetune.fit(setting.encoder, finetune_data(setting, cfg), cfg, seed,
+                        evaluate=dev_metric, checkpoint_dir=checkpoint_dir)
+  metrics, seconds = ranker(setting, setting.splitset.test, cfg.mode, measures,
+                            depth)(result.params)
+  chosen = [h["dev"] for h in result.history if h["step"] == result.best_step]
+  return {"metrics": metrics["mean"], "per_query": metrics["per_query"],
+          "dev": {select_metric: chosen[0]}, "best_step": result.best_step,
+          "history": result.history, "seconds": result.seconds, "steps": result.steps,
+          "reindex_seconds": max(encodes + [seconds]), "params": result.params}
+
+
+def device() -> str:
+  """The devices a fine-tune ran on, e.g. "8 x cpu" or "1 x NVIDIA H200"."""
+  devices = jax.devices()
+  return f"{len(devices)} x {devices[0].device_kind}"
