@@ -3,6 +3,8 @@ set's training queries, selected on dev and evaluated on test over the full corp
 
     setting = Setting.of(recipe, prepared, splitset)   # the encoder, its settings, the texts
     out = run(setting, config.finetune, seed, measures, depth, select_metric, checkpoint_dir)
+    row, params = finetune_row(setting, recipe, config.finetune, config.seeds, ...)  # all seeds
+    dot = dot_row(recipe, prepared, splitset, m0, select_metric)  # the frozen baseline
 
 Both sides rank by the dot product of pooled vectors (the encoder's pooling and normalisation,
 as the frozen embeddings were made). Dev and test rank every doc of the corpus: in query_tower
@@ -14,6 +16,7 @@ is read once, with the chosen params.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Callable, Sequence
 
@@ -27,6 +30,8 @@ from bilinear_ir.encoders.base import Encoder
 from bilinear_ir.encoders.names import load_encoder
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import evaluate
+from bilinear_ir.experiment import rows as rows_lib
+from bilinear_ir.experiment import training
 from bilinear_ir.scorers import registry
 from bilinear_ir.train import finetune
 
@@ -148,6 +153,50 @@ def run(setting: Setting, cfg: ml_collections.ConfigDict, seed: int, measures: S
           "dev": {select_metric: chosen[0]}, "best_step": result.best_step,
           "history": result.history, "seconds": result.seconds, "steps": result.steps,
           "reindex_seconds": max(encodes + [seconds]), "params": result.params}
+
+
+def dot_row(recipe, prepared: pipeline.Prepared, splitset: pipeline.SplitSet, m0: str,
+            select_metric: str) -> dict[str, Any]:
+  """The frozen encoder's dot product (`training.train_and_evaluate`'s dot row): {"model":
+  "dot", "metrics", "per_query" {qid: m0}, "dev"}."""
+  dot = training.train_and_evaluate(recipe.row({"scorer": "dot"}, recipe.seed), prepared,
+                                    splitset, progress=False)
+  return {"model": "dot", "metrics": dot["metrics"],
+          "per_query": {q: v[m0] for q, v in dot["per_query"].items()},
+          "dev": {select_metric: dot["dev"].get(select_metric)}}
+
+
+def finetune_row(setting: Setting, recipe, cfg: ml_collections.ConfigDict, seeds: Sequence[int],
+                 measures: Sequence[str], depth: int, select_metric: str, workdir: str | None
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The fine-tune row over `seeds` (one `run` each, checkpointing in `training.run_dir`:
+  `<embedding>-<mode>-<loss>-seed<seed>-<key>`, so a rerun resumes) and the first seed's chosen
+  params.
+
+  Returns:
+    ({"model": "finetune", "metrics", "per_query" {qid: first measure} (seed means), "dev",
+    "best_steps", "history" (step 0's loss null), "finetune": {"mode", "steps", "seconds",
+    "device", "reindex_seconds"}}, params).
+  """
+  outs = [run(setting, cfg, seed, measures, depth, select_metric, training.run_dir(
+              workdir, {"finetune": cfg.to_dict(), "encoder": recipe.encoder.to_dict(),
+                        "train": recipe.train.to_dict(), "seed": seed},
+              setting.prepared, setting.splitset,
+              f"{recipe.name}-{cfg.mode}-{cfg.loss}-seed{seed}"))
+          for seed in seeds]
+  m0 = measures[0]
+  row = {"model": "finetune",
+         "metrics": rows_lib.query_means([o["per_query"] for o in outs], measures),
+         "per_query": rows_lib.seed_mean([o["per_query"] for o in outs], m0),
+         "dev": {select_metric: rows_lib.dev_mean(outs, select_metric)},
+         "best_steps": [int(o["best_step"]) for o in outs],
+         "history": [[{**h, "loss": None if math.isnan(h["loss"]) else h["loss"]}
+                      for h in o["history"]] for o in outs],  # step 0 has no loss: null
+         "finetune": {"mode": cfg.mode, "steps": int(cfg.steps),
+                      "seconds": round(sum(o["seconds"] for o in outs), 3),
+                      "device": device(),
+                      "reindex_seconds": round(max(o["reindex_seconds"] for o in outs), 3)}}
+  return row, outs[0]["params"]
 
 
 def device() -> str:

@@ -9,7 +9,6 @@ training split) over all test queries and over the unseen-answer ones
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -17,9 +16,7 @@ from bilinear_ir import files
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import compare
 from bilinear_ir.experiment import finetuning
-from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
-from bilinear_ir.experiment import training
 from bilinear_ir.experiment import validation
 from bilinear_ir.export import encoder_folder
 from bilinear_ir.studies import curve_subsets as curve
@@ -54,20 +51,12 @@ def run(config, workdir: str) -> outputs.Report:
     n = len(train.query_ids)
     unseen[n] = curve.unseen_answer_queries(train, [train.query_ids], splitset.test)
     fields = {"collection": prepared.collection.name, "embedding": recipe.name, "n_train": n}
-    dot = training.train_and_evaluate(recipe.row({"scorer": "dot"}, recipe.seed), prepared,
-                                      splitset, progress=False)
-    rows.append({**fields, "model": "dot", "metrics": dot["metrics"],
-                 "per_query": {q: v[m0] for q, v in dot["per_query"].items()},
-                 "dev": {sel: dot["dev"].get(sel)}})
     setting = finetuning.Setting.of(recipe, prepared, splitset)
-    outs = [finetuning.run(setting, cfg, seed, measures, int(config.eval.depth), sel,
-                           training.run_dir(workdir, {
-                               "finetune": cfg.to_dict(), "encoder": recipe.encoder.to_dict(),
-                               "train": recipe.train.to_dict(), "seed": seed}, prepared,
-                               splitset, f"{recipe.name}-{cfg.mode}-{cfg.loss}-seed{seed}"))
-            for seed in config.seeds]
-    rows.append({**fields, "model": "finetune", **fine_tune_row(outs, measures, m0, sel, cfg)})
-    models[recipe.name] = (setting, outs[0]["params"])
+    tuned, params = finetuning.finetune_row(setting, recipe, cfg, config.seeds, measures,
+                                            int(config.eval.depth), sel, workdir)
+    rows += [{**fields, **finetuning.dot_row(recipe, prepared, splitset, m0, sel)},
+             {**fields, **tuned}]
+    models[recipe.name] = (setting, params)
   compare.curve(rows, unseen, config)
   results = {"rows": rows, "collection": rows[0]["collection"], "measure": m0,
              "seeds": list(config.seeds), "mode": cfg.mode, "loss": cfg.loss,
@@ -80,22 +69,6 @@ def run(config, workdir: str) -> outputs.Report:
              "holm": "one comparison per view (all test queries; unseen-answer queries)"}
   return outputs.Report(results=results, markdown=report.markdown(results, config),
                         folders={"model": lambda path: write_models(path, models)})
-
-
-def fine_tune_row(outs: list[dict[str, Any]], measures, m0: str, sel: str, cfg
-                  ) -> dict[str, Any]:
-  """The fine-tune row's fields from its runs (one per seed): metrics and per-query values
-  averaged over the seeds, the dev metric, the chosen steps, and `finetune`."""
-  per_query = rows_lib.seed_mean([o["per_query"] for o in outs], m0)
-  return {"metrics": rows_lib.query_means([o["per_query"] for o in outs], measures),
-          "per_query": per_query, "dev": {sel: rows_lib.dev_mean(outs, sel)},
-          "best_steps": [int(o["best_step"]) for o in outs],
-          "history": [[{**h, "loss": None if math.isnan(h["loss"]) else h["loss"]}
-                       for h in o["history"]] for o in outs],  # step 0 has no loss: null
-          "finetune": {"mode": cfg.mode, "steps": int(cfg.steps),
-                       "seconds": round(sum(o["seconds"] for o in outs), 3),
-                       "device": finetuning.device(),
-                       "reindex_seconds": round(max(o["reindex_seconds"] for o in outs), 3)}}
 
 
 def write_models(path: str, models: dict[str, Any]) -> None:
