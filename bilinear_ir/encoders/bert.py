@@ -48,12 +48,15 @@ class BertEncoder(nn.Module):
   remat: bool = False
 
   @nn.compact
-  def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+  def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
+               packed: layers.Packing | None = None) -> jnp.ndarray:
     """Encodes a batch of padded token id rows.
 
     Args:
       ids: [B, L] int32 token ids, L <= max_positions.
       mask: [B, L] int32, 1 on real tokens, 0 on padding.
+      packed: padding-free layers (`layers.Packing` of `mask`): the Transformer layers run on
+        the real tokens only; the output is the same, zeros on padding.
 
     Returns:
       [B, L] + [n] float32: the last layer's hidden states, [B, L, n] (padding rows hold
@@ -67,11 +70,13 @@ class BertEncoder(nn.Module):
     x = words + (positions + token_type)[None]
     x = layers.layer_norm(self.eps, "embeddings_norm")(x)
     bias = layers.padding_bias(mask, x.dtype)
+    if packed is not None:
+      x = layers.pack(x, packed)  # [T, n]
     for i in range(self.num_layers):
       layer = layers.transformer_layer(self.remat)
       x = layer(self.num_heads, self.intermediate_size, self.act, self.eps, self.precision,
-                name=f"layer_{i}")(x, bias)
-    return x
+                name=f"layer_{i}")(x, bias, None, packed)
+    return x if packed is None else layers.unpack(x, packed)
 
 
 def from_config(config: dict, file: str = "config.json") -> BertEncoder:

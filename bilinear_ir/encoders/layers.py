@@ -5,6 +5,12 @@ Params are float32 and the matmuls run at jax's default precision (`precision=No
 `jax.default_matmul_precision` decides; float32 on CPU). Padding is masked by an additive
 `finfo.min` bias on the attention scores, as HuggingFace does, so padded positions never change
 the real tokens' outputs; a row whose keys are all padding (an empty batch row) stays finite.
+
+Padding-free layers: given a `Packing` of the batch, a layer's input is the batch's T real tokens
+[T, n] instead of [B, L, n]; every token-wise part (the QKV and output projections, the feed-
+forward block, the LayerNorms) runs on those T rows only, and attention alone unpacks them to
+[B, L]. The outputs of the real tokens are those of the padded layer; the work drops from B * L
+to T tokens (half of it on InsuranceQA's answers, padded to 256 but 114 tokens long on average).
 """
 from __future__ import annotations
 
@@ -84,6 +90,64 @@ def padding_bias(mask: jnp.ndarray, dtype=jnp.float32) -> jnp.ndarray:
   return jnp.where(mask[:, None, None, :] != 0, 0.0, jnp.finfo(dtype).min).astype(dtype)
 
 
+class Packing(NamedTuple):
+  """Where the real tokens of a padded batch [B, L] sit among T packed rows (`packing`).
+
+  Attributes:
+    rows: [T] int32: the flat position b * L + l of each packed row; the rows after the real
+      tokens point at B * L (a row of zeros: `pack` appends one).
+    slots: [B, L] int32: the packed row of each position; T on padding (`unpack` appends a row
+      of zeros there).
+  """
+  rows: jnp.ndarray
+  slots: jnp.ndarray
+
+
+def packed_rows(real: int, multiple: int = 1) -> int:
+  """T for `real` real tokens: rounded up on a geometric grid (steps of 1/8 of the power of two
+  below it, at least 16), a multiple of `multiple` (devices), so that batches of varying length
+  share a few compiled shapes at most 12.5% above their real tokens."""
+  step = 16
+  while step * 16 <= real:
+    step *= 2
+  step = int(np.lcm(step, max(1, multiple)))
+  return max(step, -(-real // step) * step)
+
+
+def packing(mask: np.ndarray, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """The `Packing` arrays of a padded batch, on the host.
+
+  Args:
+    mask: [B, L] int, 1 on real tokens.
+    rows: T >= the real tokens (default `packed_rows` of their count).
+
+  Returns:
+    (rows [T] int32, slots [B, L] int32), as `Packing` holds them.
+  """
+  mask = np.asarray(mask) != 0
+  flat = np.flatnonzero(mask.reshape(-1)).astype(np.int32)
+  total = packed_rows(flat.size) if rows is None else rows
+  if total < flat.size:
+    raise input_error(f"must be >= the {flat.size} real tokens, got {total}", field="rows")
+  out = np.full(total, mask.size, np.int32)
+  out[:flat.size] = flat
+  slots = np.full(mask.size, total, np.int32)
+  slots[flat] = np.arange(flat.size, dtype=np.int32)
+  return out, slots.reshape(mask.shape)
+
+
+def pack(x: jnp.ndarray, p: Packing) -> jnp.ndarray:
+  """x [B, L, ...] -> [T, ...]: the real tokens' rows (zeros after them)."""
+  flat = x.reshape(-1, *x.shape[2:])
+  flat = jnp.concatenate([flat, jnp.zeros((1, *flat.shape[1:]), flat.dtype)])
+  return flat[p.rows]
+
+
+def unpack(x: jnp.ndarray, p: Packing) -> jnp.ndarray:
+  """x [T, ...] -> [B, L, ...]: each real token back at its position, zeros on padding."""
+  return jnp.concatenate([x, jnp.zeros((1, *x.shape[1:]), x.dtype)])[p.slots]
+
+
 def attention_chunk(batch: int, heads: int, length: int,
                     target_bytes: int = 1 << 22) -> int:
   """Examples per attention step: the largest divisor of `batch` whose float32 scores
@@ -153,26 +217,32 @@ class SelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, bias: jnp.ndarray,
-               extra_bias: jnp.ndarray | None = None) -> jnp.ndarray:
+               extra_bias: jnp.ndarray | None = None,
+               packed: Packing | None = None) -> jnp.ndarray:
     """Attends every position to every unmasked one.
 
     Args:
-      x: [B, L, n] inputs.
+      x: [B, L, n] inputs; [T, n] the real tokens with `packed`.
       bias: [B, 1, 1, L] additive padding bias (`padding_bias`).
       extra_bias: optional [1, h, L, L] additive score bias (MPNet's relative positions).
+      packed: the batch's `Packing` (padding-free: the projections run on the T rows).
 
     Returns:
-      [B, L, n] the output projection of the attention context.
+      [B, L, n] the output projection of the attention context ([T, n] with `packed`).
     """
     n = x.shape[-1]
     h = self.num_heads
     d = n // h
     qkv = nn.DenseGeneral((3, h, d), axis=-1, precision=self.precision, name="qkv")(x)
+    if packed is not None:
+      qkv = unpack(qkv, packed)  # [B, L, 3, h, d]
     q, k, v = jnp.transpose(qkv, (2, 0, 3, 1, 4))  # [B, h, L, d] each
     context = attend(q / jnp.sqrt(jnp.asarray(d, q.dtype)), k, v, bias, extra_bias,
                      self.precision)  # [B, h, L, d]
-    return nn.DenseGeneral(n, axis=(-2, -1), precision=self.precision, name="out")(
-        jnp.transpose(context, (0, 2, 1, 3)))
+    context = jnp.transpose(context, (0, 2, 1, 3))  # [B, L, h, d]
+    if packed is not None:
+      context = pack(context, packed)  # [T, h, d]
+    return nn.DenseGeneral(n, axis=(-2, -1), precision=self.precision, name="out")(context)
 
 
 class TransformerLayer(nn.Module):
@@ -196,9 +266,12 @@ class TransformerLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, bias: jnp.ndarray,
-               extra_bias: jnp.ndarray | None = None) -> jnp.ndarray:
-    """x: [B, L, n]; bias: [B, 1, 1, L]; extra_bias: [1, h, L, L] or None. Returns [B, L, n]."""
-    attended = SelfAttention(self.num_heads, self.precision, name="attention")(x, bias, extra_bias)
+               extra_bias: jnp.ndarray | None = None,
+               packed: Packing | None = None) -> jnp.ndarray:
+    """x: [B, L, n] ([T, n] with `packed`, the batch's `Packing`); bias: [B, 1, 1, L];
+    extra_bias: [1, h, L, L] or None. Returns x's shape."""
+    attended = SelfAttention(self.num_heads, self.precision, name="attention")(
+        x, bias, extra_bias, packed)
     x = layer_norm(self.eps, "attention_norm")(x + attended)
     y = nn.Dense(self.intermediate_size, precision=self.precision, name="intermediate")(x)
     y = nn.Dense(x.shape[-1], precision=self.precision, name="output")(activation(self.act)(y))

@@ -91,12 +91,15 @@ class MPNetEncoder(nn.Module):
   remat: bool = False
 
   @nn.compact
-  def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+  def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
+               packed: layers.Packing | None = None) -> jnp.ndarray:
     """Encodes a batch of padded token id rows.
 
     Args:
       ids: [B, L] int32 token ids, L <= max_positions - PADDING_IDX - 1.
       mask: [B, L] int32, 1 on real tokens (a prefix of each row), 0 on padding.
+      packed: padding-free layers (`layers.Packing` of `mask`): the Transformer layers run on
+        the real tokens only; the output is the same, zeros on padding.
 
     Returns:
       [B, L, n] float32: the last layer's hidden states (mask out padding rows).
@@ -112,11 +115,13 @@ class MPNetEncoder(nn.Module):
     table = nn.Embed(self.num_buckets, self.num_heads, name="relative_attention_bias")
     position_bias = jnp.transpose(table(jnp.asarray(buckets)), (2, 0, 1))[None]  # [1, h, L, L]
     bias = layers.padding_bias(mask, x.dtype)
+    if packed is not None:
+      x = layers.pack(x, packed)  # [T, n]
     for i in range(self.num_layers):
       layer = layers.transformer_layer(self.remat)
       x = layer(self.num_heads, self.intermediate_size, self.act, self.eps, self.precision,
-                name=f"layer_{i}")(x, bias, position_bias)
-    return x
+                name=f"layer_{i}")(x, bias, position_bias, packed)
+    return x if packed is None else layers.unpack(x, packed)
 
 
 def from_config(config: dict, file: str = "config.json") -> MPNetEncoder:

@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 from bilinear_ir import files
 from bilinear_ir.data import embeddings
 from bilinear_ir.data.batches import Batch, BatchSampler, TrainSet
+from bilinear_ir.encoders import layers
 from bilinear_ir.encoders.base import Encoder, pool
 from bilinear_ir.errors import require
 from bilinear_ir.train import losses
@@ -65,6 +66,7 @@ class Spec(NamedTuple):
   temperature: float
   compute_dtype: str
   corpus_chunk: int
+  pack: bool
   lr: float
   warmup_steps: int
   end_lr_fraction: float
@@ -122,7 +124,7 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
   field("loss", cfg.loss != "corpus" or cfg.mode == "query_tower",
         "'mnrl' in two_tower mode (the corpus softmax needs frozen doc vectors)")
   field("compute_dtype", cfg.compute_dtype in COMPUTE_DTYPES, f"one of {COMPUTE_DTYPES}")
-  for name in ("shared", "remat"):
+  for name in ("shared", "remat", "pack"):
     field(name, isinstance(cfg[name], bool), "true or false")
   number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
   for name in ("temperature", "lr"):
@@ -143,7 +145,7 @@ def make_spec(cfg: ml_collections.ConfigDict, encoder: Encoder, pooling: str,
   return Spec(module=encoder.module.clone(remat=bool(cfg.remat)), pooling=pooling,
               normalize=bool(normalize), mode=cfg.mode, loss=cfg.loss,
               temperature=float(cfg.temperature), compute_dtype=cfg.compute_dtype,
-              corpus_chunk=int(cfg.corpus_chunk), lr=float(cfg.lr),
+              corpus_chunk=int(cfg.corpus_chunk), pack=bool(cfg.pack), lr=float(cfg.lr),
               warmup_steps=int(cfg.warmup_steps), end_lr_fraction=float(cfg.end_lr_fraction),
               weight_decay=float(cfg.weight_decay), clip_norm=float(cfg.clip_norm),
               total_steps=int(cfg.steps))
@@ -175,12 +177,16 @@ def init_state(params: dict[str, Any], spec: Spec, mesh: jax.sharding.Mesh) -> d
   return jax.device_put(state, NamedSharding(mesh, P()))
 
 
-def _pooled(spec: Spec, params: Any, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-  """ids, mask [B, L] -> [B, n] float32 pooled vectors; the forward pass in
-  `spec.compute_dtype` (a cast of the float32 params: the gradient reaches them in float32)."""
+def _pooled(spec: Spec, params: Any, batch: dict[str, jnp.ndarray], side: str) -> jnp.ndarray:
+  """One side's ("q" | "d") ids, mask [B, L] of `batch` -> [B, n] float32 pooled vectors; the
+  forward pass in `spec.compute_dtype` (a cast of the float32 params: the gradient reaches
+  them in float32), padding-free with `spec.pack` (the side's "rows" [T], "slots" [B, L])."""
   if spec.compute_dtype == "bfloat16":
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
-  hidden = spec.module.apply({"params": params}, ids, mask)  # [B, L, n]
+  ids, mask = batch[f"{side}_ids"], batch[f"{side}_mask"]
+  packed = (layers.Packing(batch[f"{side}_rows"], batch[f"{side}_slots"]) if spec.pack
+            else None)
+  hidden = spec.module.apply({"params": params}, ids, mask, packed)  # [B, L, n]
   return pool(hidden.astype(jnp.float32), mask, spec.pooling, spec.normalize)
 
 
@@ -191,15 +197,17 @@ def loss(spec: Spec, params: dict[str, Any], batch: dict[str, jnp.ndarray]) -> j
     spec: the step's `Spec`.
     params: the trained towers (`init_params`).
     batch: `batch_arrays`' dict: "q_ids", "q_mask" [B, Lq]; query_tower "docs" [C, n] frozen
-      vectors, two_tower "d_ids", "d_mask" [C, Ld]; "mnrl": "mask" [B, C] (False: not a
+      vectors, two_tower "d_ids", "d_mask" [C, Ld]; with `spec.pack` each side's `Packing`
+      ("q_rows" [Tq], "q_slots" [B, Lq]; "d_rows" [Td], "d_slots" [C, Ld]); "mnrl": "mask"
+      [B, C] (False: not a
       negative of that query); "corpus": "relevant" [B, R] doc rows (-1 padded) and "corpus"
       [N, n], with C = B (each query's positive).
   """
-  q = _pooled(spec, side_params(params, "query", None), batch["q_ids"], batch["q_mask"])
+  q = _pooled(spec, side_params(params, "query", None), batch, "q")
   if spec.mode == "query_tower":
     docs = batch["docs"]  # [C, n]
   else:
-    docs = _pooled(spec, side_params(params, "doc", None), batch["d_ids"], batch["d_mask"])
+    docs = _pooled(spec, side_params(params, "doc", None), batch, "d")
   if spec.loss == "corpus":
     return losses.corpus_softmax_cross_entropy(
         jnp.sum(q * docs, axis=-1), lambda block: q @ block.T, batch["corpus"],
@@ -210,18 +218,42 @@ def loss(spec: Spec, params: dict[str, Any], batch: dict[str, jnp.ndarray]) -> j
 
 def batch_keys(spec: Spec) -> tuple[str, ...]:
   """The arrays a step's batch holds (`loss`)."""
-  docs = ("docs",) if spec.mode == "query_tower" else ("d_ids", "d_mask")
-  return ("q_ids", "q_mask", *docs, *(("relevant", "corpus") if spec.loss == "corpus"
-                                      else ("mask",)))
+  sides = ("q",) if spec.mode == "query_tower" else ("q", "d")
+  tokens = [f"{s}_{k}" for s in sides
+            for k in ("ids", "mask", *(("rows", "slots") if spec.pack else ()))]
+  return (*tokens, *(("docs",) if spec.mode == "query_tower" else ()),
+          *(("relevant", "corpus") if spec.loss == "corpus" else ("mask",)))
 
 
-def batch_arrays(spec: Spec, data: FinetuneData, b: Batch) -> dict[str, np.ndarray]:
-  """The host arrays of one sampled batch (all of `batch_keys(spec)` but "corpus")."""
-  out = {"q_ids": data.queries[0][b.q_rows], "q_mask": data.queries[1][b.q_rows]}
+def trimmed_width(mask: np.ndarray) -> int:
+  """The width a batch's tokens [B, L] are cut to: its longest row rounded up to a power of two
+  (at least 16, at most L), as a per-batch padding would, in a few compiled shapes."""
+  longest, width = int(np.max(np.sum(mask != 0, axis=1), initial=1)), 16
+  while width < longest:
+    width *= 2
+  return min(width, mask.shape[1])
+
+
+def batch_arrays(spec: Spec, data: FinetuneData, b: Batch, devices: int = 1
+                 ) -> dict[str, np.ndarray]:
+  """The host arrays of one sampled batch (all of `batch_keys(spec)` but "corpus"): each side's
+  tokens cut to `trimmed_width`, and with `spec.pack` their `layers.packing` (T a multiple of
+  `devices`, the data mesh's size)."""
+  def side(name: str, tokens: tuple[np.ndarray, np.ndarray], rows: np.ndarray) -> None:
+    mask = tokens[1][rows]
+    width = trimmed_width(mask)
+    out[f"{name}_ids"], out[f"{name}_mask"] = tokens[0][rows, :width], mask[:, :width]
+    if spec.pack:
+      real = int(np.sum(out[f"{name}_mask"] != 0))
+      out[f"{name}_rows"], out[f"{name}_slots"] = layers.packing(
+          out[f"{name}_mask"], layers.packed_rows(real, devices))
+
+  out = {}
+  side("q", data.queries, b.q_rows)
   if spec.mode == "query_tower":
     out["docs"] = data.doc_vectors[b.cand_rows]
   else:
-    out["d_ids"], out["d_mask"] = data.docs[0][b.cand_rows], data.docs[1][b.cand_rows]
+    side("d", data.docs, b.cand_rows)
   if spec.loss == "corpus":
     out["relevant"] = data.trainset.relevant_rows(b.q_rows).astype(np.int32)
   else:
@@ -318,7 +350,7 @@ def fit(encoder: Encoder, data: FinetuneData, cfg: ml_collections.ConfigDict, se
   if step == 0 and not record["history"]:
     evaluate_now(0, float("nan"))
   while step < cfg.steps:
-    batch = {**batch_arrays(spec, data, sampler.batch(step)), **frozen}
+    batch = {**batch_arrays(spec, data, sampler.batch(step), ndev), **frozen}
     state, metrics = step_fn(state, batch)
     step += 1
     if step % cfg.eval_every == 0 or step == cfg.steps:
