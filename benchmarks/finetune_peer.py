@@ -16,11 +16,18 @@ at `--max_length` tokens; softmax over the batch's positives and hard negatives 
 warm-up over `--warmup` steps, then cosine decay to 0; gradients clipped at norm 1; float32; no
 dropout (the project's encoders have none: the peer's is set to 0).
   * project: `train.finetune.fit` (mode two_tower, shared, loss mnrl): one jitted step over the
-    jax devices; one warm-up step first (compilation), then the timed run.
+    jax devices; each batch cut to its longest text (rounded up to a power of two) and, with
+    `--pack` (the default), padding-free: the Transformer layers run on the batch's real tokens
+    only (`encoders.layers.Packing`), attention on the padded batch; the same loss and
+    gradients. One warm-up run first (it compiles the step for every batch shape of the run),
+    then the timed run.
   * peer: `SentenceTransformerTrainer` with `MultipleNegativesRankingLoss(scale=20)` on torch
     (CUDA when present, else the CPU with `torch.get_num_threads()` threads), the triplets fed
     in order (a sequential batch sampler); its first step is not timed. It tokenizes each batch
-    in its collator; the project's tokens are made once before training.
+    in its collator, padded to the batch's longest text (anchors, positives and negatives
+    apart); the project's tokens are made once before training. transformers' BERT has no
+    padding-free path on the CPU (its packed-sequence training needs FlashAttention on CUDA).
+The output names the tokens each side's encoder computes per step ("tokens_per_step").
 Known difference: the project's loss leaves out of a query's negatives every doc judged relevant
 to it (another query's positive that is also its own); MultipleNegativesRankingLoss does not.
 
@@ -36,9 +43,11 @@ nDCG@10).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -57,6 +66,7 @@ from bilinear_ir.experiment import finetuning
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.scorers import registry
 from bilinear_ir.train import finetune
+from bilinear_ir.train import trainer
 
 MEASURES = ("ndcg@10", "mrr@10", "recall@100")
 
@@ -75,6 +85,8 @@ def parse(argv=None) -> argparse.Namespace:
   p.add_argument("--docs", type=int, default=400, help="docs ranked (0: the whole corpus)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--cache_dir", default="", help="embedding cache ('' = a temporary folder)")
+  p.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
+                 help="the project's padding-free training (--no-pack: padded batches)")
   return p.parse_args(argv)
 
 
@@ -141,14 +153,47 @@ def evaluate_vectors(work: Work, queries: np.ndarray, docs: np.ndarray) -> dict:
   return ev(module, registry.init_params(module, jax.random.key(0)), queries, docs)[0]["mean"]
 
 
+def warm_up(work: Work, cfg, seed: int) -> dict:
+  """Compiles the project's step for every batch shape of the run (one untimed step from a fresh
+  state per shape) and counts the tokens each side's encoder computes.
+
+  Returns:
+    {"compiled_shapes", "tokens_per_step": {"project": the packed rows (or padded tokens) per
+    step, "peer": queries, positives and negatives each padded to their longest}} (means).
+  """
+  spec = finetune.make_spec(cfg, work.encoder, work.data.pooling, work.data.normalize)
+  mesh = trainer.data_mesh()
+  step = finetune.make_train_step(spec, mesh)
+  sampler = batches.BatchSampler(work.data.trainset, cfg.batch_size, cfg.hard_negatives, 0, True,
+                                 seed)
+  shapes, ours, theirs = {}, [], []
+  for i in range(cfg.steps):
+    b = sampler.batch(i)
+    arrays = finetune.batch_arrays(spec, work.data, b, mesh.devices.size)
+    shapes.setdefault(tuple(sorted((k, v.shape) for k, v in arrays.items())), arrays)
+    ours.append(sum(arrays[f"{s}_rows"].size if cfg.pack else arrays[f"{s}_ids"].size
+                    for s in ("q", "d")))
+    B = len(b.q_rows)
+    lengths = lambda block, rows: int(np.max(np.sum(block[1][rows] != 0, axis=1)))
+    theirs.append(B * (lengths(work.data.queries, b.q_rows)
+                       + lengths(work.data.docs, b.cand_rows[:B])
+                       + lengths(work.data.docs, b.cand_rows[B:])))
+  for arrays in shapes.values():
+    state = finetune.init_state(finetune.init_params(work.encoder, cfg), spec, mesh)
+    jax.block_until_ready(step(state, arrays))
+  return {"compiled_shapes": len(shapes), "tokens_per_step": {
+      "project": float(np.mean(ours)), "peer": float(np.mean(theirs))}}
+
+
 def project(work: Work, args, cache_dir: str) -> dict:
-  """The project's fine-tune: one warm-up step (compilation), the timed run, the evaluation."""
+  """The project's fine-tune: the warm-up (compilation), the timed run, the evaluation."""
   cfg = blocks.finetune_config()
   cfg.update(dict(mode="two_tower", shared=True, loss="mnrl", temperature=0.05, lr=args.lr,
                   warmup_steps=args.warmup, end_lr_fraction=0.0, weight_decay=0.0,
                   clip_norm=1.0, batch_size=args.batch_size, hard_negatives=1,
-                  steps=args.steps, eval_every=1, max_length=args.max_length))
-  finetune.fit(work.encoder, work.data, cfg, args.seed, stop_after=1)  # compiles the step
+                  steps=args.steps, eval_every=1, max_length=args.max_length,
+                  pack=args.pack))
+  compiled = warm_up(work, cfg, args.seed)
   result = finetune.fit(work.encoder, work.data, cfg, args.seed)
   enc = blocks.encoder_config()
   enc.model, enc.cache_dir, enc.max_length = work.encoder.path, cache_dir, args.max_length
@@ -159,7 +204,8 @@ def project(work: Work, args, cache_dir: str) -> dict:
                            result.params, "doc")
   return {"metrics": evaluate_vectors(work, q, d), "seconds": round(result.seconds, 3),
           "examples_per_s": args.steps * args.batch_size / result.seconds,
-          "first_loss": result.history[1]["loss"],
+          "first_loss": result.history[1]["loss"], **compiled,
+          "padding_free": bool(args.pack),
           "device": f"jax {jax.default_backend()} ({jax.device_count()} x "
                     f"{jax.devices()[0].device_kind})"}
 
@@ -216,8 +262,9 @@ def peer(work: Work, args) -> dict:
         save_strategy="no", logging_steps=1, dataloader_drop_last=True,
         use_cpu=device == "cpu", batch_sampler=lambda dataset, batch_size, drop_last, **_:
         DefaultBatchSampler(torch.utils.data.SequentialSampler(dataset), batch_size, drop_last))
-    SentenceTransformerTrainer(model=model, args=targs, train_dataset=train, loss=loss,
-                               callbacks=[Clock()]).train()
+    with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs: stdout is the JSON
+      SentenceTransformerTrainer(model=model, args=targs, train_dataset=train, loss=loss,
+                                 callbacks=[Clock()]).train()
   timed = max(len(marks) - 1, 1)
   seconds = marks[-1] - marks[0] if len(marks) > 1 else float("nan")
   test, coll = work.splitset.test, work.coll

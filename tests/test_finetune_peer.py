@@ -41,8 +41,14 @@ def test_tiny_run_prints_project_peer_and_ratio(tmp_path, capsys, distinct):
   assert all(p != n for _, p, n in work.triplets)  # the hard negative is not the positive
   run = out["cpu"]
   assert set(run) == {"project", "peer", "ratio"}
+  common = {"metrics", "seconds", "examples_per_s", "device", "first_loss"}
+  assert set(run["peer"]) == common
+  assert set(run["project"]) == common | {"compiled_shapes", "tokens_per_step", "padding_free"}
+  assert run["project"]["padding_free"] and run["project"]["compiled_shapes"] >= 1
+  # every packed token is a real one, or one of the few rows rounding T up (`packed_rows`)
+  tokens = run["project"]["tokens_per_step"]
+  assert 0 < tokens["project"] <= 1.125 * tokens["peer"] + 32
   for side in ("project", "peer"):
-    assert set(run[side]) == {"metrics", "seconds", "examples_per_s", "device", "first_loss"}
     assert set(run[side]["metrics"]) == set(finetune_peer.MEASURES)
     assert 0.0 <= run[side]["metrics"]["ndcg@10"] <= 1.0 and run[side]["examples_per_s"] > 0
   assert run["peer"]["device"].startswith("torch") and "threads" in run["peer"]["device"]
