@@ -158,9 +158,11 @@ def run(setting: Setting, cfg: ml_collections.ConfigDict, seed: int, measures: S
 
 
 def mode_config(cfg: ml_collections.ConfigDict, mode: str) -> ml_collections.ConfigDict:
-  """A copy of the `finetune` block with its `mode` set (the finetune job runs one per mode)."""
+  """A copy of the `finetune` block with its `mode` set (the finetune job runs one per mode; the
+  block may be locked, as `main` locks the config)."""
   out = cfg.copy_and_resolve_references()
-  out.mode = mode
+  with out.unlocked():
+    out.mode = mode
   return out
 
 

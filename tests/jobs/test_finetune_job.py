@@ -87,6 +87,7 @@ def shrunk(planted, modes: str, steps: int = 8, rows: str = "table"):
   c.eval.depth = 20
   c.stats.resamples = 200
   c.latency.update(dict(batch=8, repeats=1))
+  c.lock()  # as main locks it
   job.validate(c)
   return c
 
