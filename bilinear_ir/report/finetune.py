@@ -34,7 +34,7 @@ def _index(cost: dict[str, Any]) -> str:
   if not cost["index_changes"]:
     return "unchanged" + (" (query-side)" if cost["query_side"] else "")
   if cost["index"] == "new":
-    return f"new (re-encode {cost['reencode_seconds']:.3g} s)"
+    return f"new (re-encode {cost['reencode_seconds']:.2f} s)"
   return cost["index"]
 
 
