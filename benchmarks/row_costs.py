@@ -11,7 +11,8 @@ Data: random unit-norm embeddings from --seed ([N, n] docs, [128, n] queries), f
 each scorer's init moved by 0.01 N(0, 1) noise from --seed (every table is a generic one, as
 after training: W is not I, Q is not 0).
 
-Per row and width n, two facts about the index and two latencies:
+Per row and width n, two facts about the index and two latencies (`bilinear_ir.experiment.costs`
+reads the index and builds the searches; the finetune job uses them on trained rows):
   * `index`: "raw" when the row is served from the raw doc embeddings (the query-side form,
     `export.sentence_transformers.query_side_layers`: dot, wdp, bilinear, residual low-rank, the
     adapter; each checked: a linear table scorer's matrices, the adapter's raw doc table), "doc
@@ -50,7 +51,7 @@ import importlib.util
 import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import blas_setup  # benchmarks/blas_setup.py: numpy's BLAS kernel, before numpy loads
 
@@ -62,18 +63,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bilinear_ir import files, scorers, timing  # noqa: E402
-from bilinear_ir.errors import InputError  # noqa: E402
+from bilinear_ir.experiment import costs  # noqa: E402
 from bilinear_ir.experiment import table as table_lib  # noqa: E402
-from bilinear_ir.export import sentence_transformers  # noqa: E402
-from bilinear_ir.retrieval import exact, mol_topk  # noqa: E402
-from bilinear_ir.scorers.adapter import QueryAdapter  # noqa: E402
-from bilinear_ir.scorers.base import TableScorer  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CURVE_MODELS = ("wdp", "lowrank", "bilinear", "adapter", "mol", "mol_residual")
 CURVE_RANKS = (32, 128)
 PURE_RANK = 32
-K = 10
+K = costs.K
 BATCHES = (1, 128)
 
 
@@ -107,63 +104,6 @@ def build(options: dict[str, Any], dim: int, seed: int):
       for x in leaves])
 
 
-def query_side_fn(module, params) -> Callable | None:
-  """q [B, n] -> [B, n] of the row's query-side form over the raw docs, or None where there is
-  none (`sentence_transformers.query_side_layers`: the adapter, or a linear table scorer)."""
-  if isinstance(module, QueryAdapter):
-    return jax.jit(lambda q: module.apply({"params": params}, q, method=module.query_table))
-  try:
-    (layer,) = sentence_transformers.query_side_layers(module, params)
-  except InputError:
-    return None
-  m = jnp.asarray(layer.weight)
-  return jax.jit(lambda q: q @ m)
-
-
-def index_facts(module, params, docs: np.ndarray) -> tuple[dict[str, Any], Any]:
-  """What the index of a row holds, from the arrays the scorer builds over `docs` [N, n]:
-  ({index, doc_arrays {name: shape}, extra_bytes_per_doc, raw_bytes_per_doc, query_side},
-  the searched doc side: a [N, w] doc table or a `mol_topk.MolIndex`)."""
-  n_docs, dim = docs.shape
-  raw = {"raw_bytes_per_doc": dim * docs.dtype.itemsize}
-  if isinstance(module, TableScorer):
-    table = jax.block_until_ready(jax.jit(lambda d: module.apply(
-        {"params": params}, d, method=module.doc_table))(docs))
-    fold = query_side_fn(module, params) is not None
-    if isinstance(module, QueryAdapter) and not np.array_equal(np.asarray(table), docs):
-      raise AssertionError("the adapter's doc table is not the raw docs")
-    served_raw = fold and table.shape[1] >= dim
-    return {"index": "raw" if served_raw else "doc table",
-            "doc_arrays": {"doc_table": list(table.shape)},
-            "extra_bytes_per_doc": 0.0 if served_raw else table.nbytes / n_docs,
-            "query_side": fold, **raw}, table
-  index = jax.block_until_ready(mol_topk.build_index(module, params, docs))
-  new = {"items": index.items, "avg": index.avg}  # index.docs: the raw docs, already indexed
-  return {"index": "MoL tables", "doc_arrays": {k: list(v.shape) for k, v in new.items()},
-          "extra_bytes_per_doc": sum(v.nbytes for v in new.values()) / n_docs,
-          "query_side": False, **raw}, index
-
-
-def search_fns(module, params, facts: dict[str, Any], doc_side, docs: jnp.ndarray
-               ) -> tuple[Callable, Callable | None]:
-  """(the project's exact top-K search of q [B, n] -> ids [B, K], the query-side search over
-  the raw docs [N, n] where the row is served from them (`index_facts`) and its project table
-  differs from them, else None)."""
-  v = {"params": params}
-  if isinstance(module, TableScorer):
-    qt = jax.jit(lambda q: module.apply(v, q, method=module.query_table))
-    project = lambda q: exact.topk(qt(q), doc_side, K).ids
-    if facts["index"] != "raw" or (
-        doc_side.shape == docs.shape and bool(jnp.array_equal(doc_side, docs))):
-      return project, None
-    fold = query_side_fn(module, params)
-    return project, lambda q: exact.topk(fold(q), docs, K).ids
-  qc = jax.jit(lambda q: module.apply(v, q, method=module.query_components))
-  residual = module.residual == "dot"
-  return (lambda q: mol_topk.brute_force(mol_topk.MolSource(
-      qc(q), doc_side, params, module, q if residual else None), K).ids), None
-
-
 def numpy_topk(q: np.ndarray, docs: np.ndarray) -> np.ndarray:
   """numpy's dot top-K: q [B, n], docs [N, n] -> ids [B, K] (BLAS matmul, argpartition, sort)."""
   s = q @ docs.T
@@ -190,8 +130,8 @@ def measure(num_docs: int, dim: int, repeats: int, seed: int,
   rows, fns = [], {}
   for i, (name, options) in enumerate(curve_rows()):
     module, params = build(options, dim, seed + i)
-    facts, doc_side = index_facts(module, params, docs_np)
-    project, served = search_fns(module, params, facts, doc_side, docs)
+    facts, doc_side = costs.index_facts(module, params, docs_np)
+    project, served = costs.search_fns(module, params, facts, doc_side, docs)
     rows.append({"row": name, "scorer": options["scorer"],
                  "options": files.to_jsonable(options), **facts})
     fns[name] = project

@@ -60,6 +60,40 @@ def against_baselines(rows: list[dict[str, Any]], per_query: list[dict[str, floa
     add_paired(rows, per_query, against(rows, b, cell, name), f"vs_{b}", config)
 
 
+def subset_view(rows: list[dict[str, Any]], subsets: Sequence[Sequence[str]], field: str,
+                cell: Sequence[str], config, name: str = "model") -> None:
+  """`row[field]` = {"n_queries", "mean" (None when empty), "vs_dot" (with at least 2 queries)}
+  for every row: its per-query values (`row["per_query"]`: {qid: value}) over its queries
+  `subsets[i]` (e.g. the unseen-doc or unseen-answer test queries), compared per query with the
+  dot row of its cell (`against`); one Holm family."""
+  subs = [{q: r["per_query"][q] for q in sub} for r, sub in zip(rows, subsets)]
+  holders = [{"n_queries": len(sub), "mean": float(np.mean(list(sub.values()))) if sub else None}
+             for sub in subs]
+  add_paired(holders, subs, against(rows, "dot", cell, name, lambda i: len(subs[i]) >= 2),
+             "vs_dot", config)
+  for r, h in zip(rows, holders):
+    r[field] = h
+
+
+def recovered(rows: list[dict[str, Any]], reference: str, measure: str, cell: Sequence[str],
+              name: str = "model") -> None:
+  """`row["recovered"]` = {"all", "unseen"} for every row: the fraction of the `reference` row's
+  gain over dot that the row recovers, (row - dot) / (reference - dot), on the mean of `measure`
+  over all test queries (`row["metrics"]`) and over the unseen ones (`row["unseen"]["mean"]`);
+  rows compared within their cell (equal `cell` fields). None (undefined) where the reference's
+  gain is not positive, a mean is missing, or the cell has no reference row."""
+  views = {"all": lambda r: r["metrics"][measure], "unseen": lambda r: r["unseen"]["mean"]}
+  for r in rows:
+    key = tuple(r[k] for k in cell)
+    base = [x for x in rows if x[name] == "dot" and tuple(x[k] for k in cell) == key]
+    ref = [x for x in rows if x[name] == reference and tuple(x[k] for k in cell) == key]
+    r["recovered"] = {}
+    for view, of in views.items():
+      vals = [of(x) for x in (r, *base[:1], *ref[:1])]
+      gain = vals[2] - vals[1] if len(vals) == 3 and None not in vals else None
+      r["recovered"][view] = (vals[0] - vals[1]) / gain if gain is not None and gain > 0 else None
+
+
 def pooled(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> list[dict]:
   """Per (embedding, model): the unseen-doc queries of every collection (`unseen`: collection ->
   query ids), tested together against dot (`row["per_query"]`: {qid: value}); one Holm family.

@@ -2,9 +2,10 @@
 set's training queries, selected on dev and evaluated on test over the full corpus.
 
     setting = Setting.of(recipe, prepared, splitset)   # the encoder, its settings, the texts
-    out = run(setting, config.finetune, seed, measures, depth, select_metric, checkpoint_dir)
-    row, params = finetune_row(setting, recipe, config.finetune, config.seeds, ...)  # all seeds
-    dot = dot_row(recipe, prepared, splitset, m0, select_metric)  # the frozen baseline
+    out = run(setting, cfg, seed, measures, depth, select_metric, checkpoint_dir)  # one seed
+    row, params = finetune_row(setting, recipe, mode_config(config.finetune, mode),
+                               config.seeds, ...)  # all seeds: the row named by its mode
+    rows, models = table_rows(config, table, workdir)  # the table runner's rows + fine-tunes
 
 Both sides rank by the dot product of pooled vectors (the encoder's pooling and normalisation,
 as the frozen embeddings were made). Dev and test rank every doc of the corpus: in query_tower
@@ -29,6 +30,7 @@ from bilinear_ir.data import pipeline
 from bilinear_ir.encoders.base import Encoder
 from bilinear_ir.encoders.names import load_encoder
 from bilinear_ir.errors import require
+from bilinear_ir.experiment import costs
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import training
@@ -155,15 +157,13 @@ def run(setting: Setting, cfg: ml_collections.ConfigDict, seed: int, measures: S
           "reindex_seconds": max(encodes + [seconds]), "params": result.params}
 
 
-def dot_row(recipe, prepared: pipeline.Prepared, splitset: pipeline.SplitSet, m0: str,
-            select_metric: str) -> dict[str, Any]:
-  """The frozen encoder's dot product (`training.train_and_evaluate`'s dot row): {"model":
-  "dot", "metrics", "per_query" {qid: m0}, "dev"}."""
-  dot = training.train_and_evaluate(recipe.row({"scorer": "dot"}, recipe.seed), prepared,
-                                    splitset, progress=False)
-  return {"model": "dot", "metrics": dot["metrics"],
-          "per_query": {q: v[m0] for q, v in dot["per_query"].items()},
-          "dev": {select_metric: dot["dev"].get(select_metric)}}
+def mode_config(cfg: ml_collections.ConfigDict, mode: str) -> ml_collections.ConfigDict:
+  """A copy of the `finetune` block with its `mode` set (the finetune job runs one per mode; the
+  block may be locked, as `main` locks the config)."""
+  out = cfg.copy_and_resolve_references()
+  with out.unlocked():
+    out.mode = mode
+  return out
 
 
 def finetune_row(setting: Setting, recipe, cfg: ml_collections.ConfigDict, seeds: Sequence[int],
@@ -174,9 +174,9 @@ def finetune_row(setting: Setting, recipe, cfg: ml_collections.ConfigDict, seeds
   params.
 
   Returns:
-    ({"model": "finetune", "metrics", "per_query" {qid: first measure} (seed means), "dev",
-    "best_steps", "history" (step 0's loss null), "finetune": {"mode", "steps", "seconds",
-    "device", "reindex_seconds"}}, params).
+    ({"model": cfg.mode ("query_tower", "two_tower"), "metrics", "per_query" {qid: first
+    measure} (seed means), "dev", "best_steps", "history" (step 0's loss null), "finetune":
+    {"mode", "steps", "seconds", "device", "reindex_seconds"}}, params).
   """
   outs = [run(setting, cfg, seed, measures, depth, select_metric, training.run_dir(
               workdir, {"finetune": cfg.to_dict(), "encoder": recipe.encoder.to_dict(),
@@ -185,7 +185,7 @@ def finetune_row(setting: Setting, recipe, cfg: ml_collections.ConfigDict, seeds
               f"{recipe.name}-{cfg.mode}-{cfg.loss}-seed{seed}"))
           for seed in seeds]
   m0 = measures[0]
-  row = {"model": "finetune",
+  row = {"model": cfg.mode,
          "metrics": rows_lib.query_means([o["per_query"] for o in outs], measures),
          "per_query": rows_lib.seed_mean([o["per_query"] for o in outs], m0),
          "dev": {select_metric: rows_lib.dev_mean(outs, select_metric)},
@@ -203,3 +203,35 @@ def device() -> str:
   """The devices a fine-tune ran on, e.g. "8 x cpu" or "1 x NVIDIA H200"."""
   devices = jax.devices()
   return f"{len(devices)} x {devices[0].device_kind}"
+
+
+def table_rows(config, table, workdir: str | None
+               ) -> tuple[list[dict[str, Any]], dict[str, tuple[Setting, dict[str, Any]]]]:
+  """The finetune job's rows: per cell of `table` (`experiment.table.run`'s result, one cell per
+  embedding), the table runner's rows, then one fine-tune row per entry of `config.modes`
+  (`finetune_row`), each row with its "cost" (`costs.table_costs`); a hybrid's "seconds" are
+  its dense partner's training seconds (lam's dev grid is not timed).
+
+  Returns:
+    (rows, {"<embedding>-<mode>": (the cell's `Setting`, the first seed's chosen params)}).
+  """
+  measures, sel = list(config.eval.measures), config.train.select_metric
+  shown = [s for s in config.rows if not s.get("hidden")]
+  rows, models = [], {}
+  for i, (cell, runs) in enumerate(zip(table.cells, table.runs)):
+    setting = Setting.of(cell.recipe, cell.prepared, cell.splitsets[0])
+    tuned = {}
+    for mode in config.modes:
+      tuned[mode], params = finetune_row(setting, cell.recipe, mode_config(config.finetune, mode),
+                                         config.seeds, measures, int(config.eval.depth), sel,
+                                         workdir)
+      models[f"{cell.recipe.name}-{mode}"] = (setting, params)
+    cost = costs.table_costs(config, cell, runs, tuned)
+    mine = dict(zip([s["name"] for s in shown], table.rows[i * len(shown):(i + 1) * len(shown)]))
+    for spec in shown:
+      mine[spec["name"]]["cost"] = cost[spec["name"]]
+      if spec["type"] == "hybrid" and spec["partner"] in mine:
+        mine[spec["name"]]["seconds"] = mine[spec["partner"]].get("seconds", 0.0)
+    rows += list(mine.values())
+    rows += [{**cell.fields, **row, "cost": cost[mode]} for mode, row in tuned.items()]
+  return rows, models

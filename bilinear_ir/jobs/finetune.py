@@ -1,11 +1,14 @@
-"""Fine-tuning the encoder on the judged queries, against the frozen dot product.
+"""What judged queries buy: the encoder fine-tuned against the learned similarities over the
+frozen embeddings, per embedding, with what each costs.
 
-Per embedding: the dot product of the frozen encoder's embeddings (`experiment.training`'s dot
-row) and the fine-tune (`experiment.finetuning`: `config.finetune`, one run per seed, selected
-on dev with step 0 a candidate, evaluated on every test query over the full corpus). The
-fine-tune row is compared per query with dot (`experiment.compare.curve`, one n: the whole
-training split) over all test queries and over the unseen-answer ones
-(`studies.curve_subsets.unseen_answer_queries`: no gold answer judged for a training query).
+Per embedding (one cell of the table runner, `experiment.table`): the rows of `config.rows`
+(dot, BM25, the trained rows over the frozen embeddings, "learned": the one best on dev, and its
+hybrid with BM25), then one fine-tune row per entry of `config.modes` (`experiment.finetuning`:
+`config.finetune`, one run per seed, selected on dev with step 0 a candidate). Every row is
+compared per query with dot over all test queries and over the unseen-answer ones
+(`studies.curve_subsets.unseen_answer_queries`: no gold answer judged for a training query),
+Holm over the table per view (`experiment.compare`); each row's fraction of the two-tower gain
+over dot (`compare.recovered`) and its cost (`experiment.costs.table_costs`).
 """
 from __future__ import annotations
 
@@ -13,10 +16,12 @@ import os
 from typing import Any
 
 from bilinear_ir import files
+from bilinear_ir import timing
 from bilinear_ir.errors import require
 from bilinear_ir.experiment import compare
 from bilinear_ir.experiment import finetuning
 from bilinear_ir.experiment import spec as spec_lib
+from bilinear_ir.experiment import table as table_lib
 from bilinear_ir.experiment import validation
 from bilinear_ir.export import encoder_folder
 from bilinear_ir.studies import curve_subsets as curve
@@ -24,61 +29,88 @@ from bilinear_ir.report import finetune as report
 from bilinear_ir.report import outputs
 from bilinear_ir.train import finetune
 
+MODELS = ("wdp", "lowrank", "bilinear", "adapter")  # the trained rows' scorers
+REFERENCE = "two_tower"  # the row whose gain over dot the others recover a fraction of
+
 
 def validate(config) -> None:
   """Refuses a bad config before any work (`experiment.validation`, `finetune.check_config`)."""
   validation.check_collection(config.collection, path=config.data.path)
-  validation.check_table(config, hybrid_block=False)
-  finetune.check_config(config.finetune)
+  validation.check_table(config)
+  validation.integer(config.max_steps, "max_steps", 1)
+  validation.integer(config.evals, "evals", 1)
+  validation.check_rows(config, MODELS)
+  require(any(s["type"] == "dot" and s["name"] == "dot" for s in config.rows),
+          "the table compares every row with a row named 'dot' of type dot", field="rows")
+  validation.integer(config.latency.batch, "latency.batch", 1)
+  validation.integer(config.latency.repeats, "latency.repeats", 1)
+  require(isinstance(config.modes, (tuple, list)) and len(config.modes) > 0
+          and len(set(config.modes)) == len(config.modes),
+          f"must name each mode once, got {config.modes!r}", field="modes")
+  for mode in config.modes:
+    validation.one_of(mode, finetune.MODES, "modes")
+    finetune.check_config(finetuning.mode_config(config.finetune, mode))
   for name in config.embeddings:
     require(not name.startswith("precomputed:"), "a fine-tune trains the encoder: name one "
             f"(mean, cls, ...), not {name!r}", field="embeddings")
 
 
 def run(config, workdir: str) -> outputs.Report:
-  """The `finetune` job (configs/finetune.py): per embedding, the dot row, then the fine-tune at
-  every seed, each checkpointing in `workdir/runs/<embedding>-<mode>-<loss>-seed<seed>-<key>`
-  (`training.run_dir`: a rerun resumes it); the chosen encoder of the first seed written to
-  `workdir/model/<embedding>`."""
-  cfg, measures, m0 = config.finetune, list(config.eval.measures), config.eval.measures[0]
-  sel = config.train.select_metric
-  rows, unseen, models = [], {}, {}
-  for recipe, prepared, (splitset, *_) in spec_lib.embeddings_of(
-      config, spec_lib.collection_block(config.data, config.collection)):
-    train = splitset.train
-    require(len(train.query_ids) > 0, f"{prepared.collection.name} has no training queries",
-            field="collection")
-    n = len(train.query_ids)
-    unseen[n] = curve.unseen_answer_queries(train, [train.query_ids], splitset.test)
-    fields = {"collection": prepared.collection.name, "embedding": recipe.name, "n_train": n}
-    setting = finetuning.Setting.of(recipe, prepared, splitset)
-    tuned, params = finetuning.finetune_row(setting, recipe, cfg, config.seeds, measures,
-                                            int(config.eval.depth), sel, workdir)
-    rows += [{**fields, **finetuning.dot_row(recipe, prepared, splitset, m0, sel)},
-             {**fields, **tuned}]
-    models[recipe.name] = (setting, params)
-  compare.curve(rows, unseen, config)
+  """The `finetune` job (configs/finetune.py): per embedding, the table runner's rows, then the
+  fine-tunes, each training run checkpointing under `workdir/runs` (`training.run_dir`: a rerun
+  resumes it); the chosen encoder of each mode's first seed written to
+  `workdir/model/<embedding>-<mode>`."""
+  m0, cfg = config.eval.measures[0], config.finetune
+  unseen = {}
+
+  def cells():
+    for recipe, prepared, (splitset, *_) in spec_lib.embeddings_of(
+        config, spec_lib.collection_block(config.data, config.collection)):
+      train = splitset.train
+      require(len(train.query_ids) > 0, f"{prepared.collection.name} has no training queries",
+              field="collection")
+      unseen[recipe.name] = curve.unseen_answer_queries(train, [train.query_ids], splitset.test)
+      yield table_lib.Cell(
+          recipe, prepared, [splitset], {"collection": prepared.collection.name,
+                                         "embedding": recipe.name,
+                                         "n_train": len(train.query_ids)},
+          schedule=lambda spec, cut, train=recipe.train: curve.schedule(
+              config, train, curve.positive_pairs(cut.train)))
+
+  table = table_lib.run(config, cells(), workdir)
+  rows, models = finetuning.table_rows(config, table, workdir)
+  compare.against_baselines(rows, [r["per_query"] for r in rows], ("embedding",), config,
+                            name="model", baselines=("dot",))
+  compare.subset_view(rows, [unseen[r["embedding"]] for r in rows], "unseen", ("embedding",),
+                      config)
+  compare.recovered(rows, REFERENCE, m0, ("embedding",))
   results = {"rows": rows, "collection": rows[0]["collection"], "measure": m0,
-             "seeds": list(config.seeds), "mode": cfg.mode, "loss": cfg.loss,
+             "seeds": list(config.seeds), "modes": list(config.modes), "loss": cfg.loss,
+             "reference": REFERENCE if REFERENCE in config.modes else None,
              "negatives": {"from": config.train.negatives_from,
                            "hard_depth": int(config.train.hard_depth)},
-             "unseen_queries": {str(k): v for k, v in unseen.items()},
-             "model": {emb: f"model/{emb}" for emb in models},
-             "selection": f"dev {sel} every {cfg.eval_every} steps, step 0 (the frozen encoder) "
-                          "a candidate",
-             "holm": "one comparison per view (all test queries; unseen-answer queries)"}
+             "unseen_queries": unseen,
+             "model": {name: f"model/{name}" for name in models},
+             "device": finetuning.device(), "hardware": timing.hardware(),
+             "latency": {"batch": int(config.latency.batch), "k": 10,
+                         "repeats": int(config.latency.repeats)},
+             "selection": f"dev {config.train.select_metric}: the trained rows {config.evals} "
+                          f"times per run, the fine-tunes every {cfg.eval_every} steps; step 0 "
+                          "(dot, the frozen encoder) a candidate",
+             "holm": "over the table, one family per view (all test queries; unseen-answer "
+                     "queries)"}
   return outputs.Report(results=results, markdown=report.markdown(results, config),
                         folders={"model": lambda path: write_models(path, models)})
 
 
 def write_models(path: str, models: dict[str, Any]) -> None:
-  """`path/<embedding>`: each embedding's chosen encoder as a sentence-transformers folder, the
-  query side's params (query_tower: the query tower, the doc side being the source model; two
-  towers apart: the doc tower in `path/<embedding>-doc`); the whole folder replaced at once (a
+  """`path/<embedding>-<mode>`: each chosen encoder as a sentence-transformers folder, the query
+  side's params (query_tower: the query tower, the doc side being the source model; two towers
+  apart: the doc tower in `path/<embedding>-<mode>-doc`); the whole folder replaced at once (a
   rerun rewrites it)."""
   with files.atomic_dir(path) as tmp:
-    for emb, (setting, params) in models.items():
-      for side, name in (("query", emb), ("doc", f"{emb}-doc")):
+    for key, (setting, params) in models.items():
+      for side, name in (("query", key), ("doc", f"{key}-doc")):
         if side == "query" or "doc" in params:
           encoder_folder.save(os.path.join(tmp, name), setting.encoder,
                               finetune.side_params(params, side, setting.encoder),

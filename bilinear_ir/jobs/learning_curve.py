@@ -11,9 +11,6 @@ at the largest n compared with it on every test query.
 """
 from __future__ import annotations
 
-import math
-from typing import Any
-
 from bilinear_ir import progress
 from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
@@ -26,15 +23,6 @@ from bilinear_ir.report import learning_curve as report
 from bilinear_ir.report import outputs
 
 MODELS = ("wdp", "lowrank", "bilinear", "mol", "adapter")  # the trained rows' scorers
-
-
-def schedule(config, train, pairs: int) -> dict[str, Any]:
-  """The `train` changes of one run on `pairs` judged pairs: `train.epochs` epochs of
-  `train.batch_size` pairs, at most `config.max_steps` steps, `config.evals` dev evaluations
-  (plus step 0). A row's own changes (MoL's `config.mol_train`) come after these."""
-  steps = min(int(train.epochs) * math.ceil(pairs / int(train.batch_size)),
-              int(config.max_steps))
-  return {"steps": steps, "eval_every": max(1, steps // int(config.evals))}
 
 
 def validate(config) -> None:
@@ -73,7 +61,7 @@ def run(config, workdir: str) -> outputs.Report:
             recipe, prepared, [splitset], {"collection": collection, "embedding": recipe.name,
                                            "n_train": n}, tag=f"n{n}",
             trained_on=lambda seed, n=n: [curve.subset_splitset(splitset, subsets[seed][n], n)],
-            schedule=lambda spec, cut, train=recipe.train: schedule(
+            schedule=lambda spec, cut, train=recipe.train: curve.schedule(
                 config, train, curve.positive_pairs(cut.train)))
 
   table = table_lib.run(config, cells(), workdir)

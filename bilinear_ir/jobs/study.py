@@ -30,10 +30,9 @@ their differences are tested per collection and pooled over collections.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import ml_collections
-import numpy as np
 
 from bilinear_ir.data import pipeline
 from bilinear_ir.errors import require
@@ -72,19 +71,6 @@ def cells(config, entry: str) -> Iterator[table_lib.Cell]:
                          ict_split=ict_split)
 
 
-def _compare_unseen(rows: list[dict[str, Any]], unseen: dict[str, list[str]], config) -> None:
-  """Adds `unseen_doc` (its mean and `vs_dot`) to every row: one Holm family over the study."""
-  cell = ("collection", "embedding")
-  subsets = [{q: r["per_query"][q] for q in unseen[r["collection"]]} for r in rows]
-  holders = [{"n_queries": len(sub), "mean": float(np.mean(list(sub.values()))) if sub else None}
-             for sub in subsets]
-  compare.add_paired(holders, subsets, compare.against(rows, "dot", cell, "model",
-                                                       lambda i: len(subsets[i]) >= 2),
-                     "vs_dot", config)
-  for r, h in zip(rows, holders):
-    r["unseen_doc"] = h
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
   """The `study` job (configs/study.py): the table runner's rows in every cell, then the
   unseen-doc views."""
@@ -102,7 +88,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
   table = table_lib.run(config, every_cell(), workdir)
   unseen = {c.fields["collection"]: u for c, u in zip(table.cells, table.unseen)}
   rows = table.rows
-  _compare_unseen(rows, unseen, config)
+  compare.subset_view(rows, [unseen[r["collection"]] for r in rows], "unseen_doc",
+                      ("collection", "embedding"), config)
   pooled = compare.pooled(rows, unseen, config)
   summary = compare.tally(rows, config.stats.alpha)
   results = {"rows": rows, "unseen_doc": unseen, "pooled_unseen_doc": pooled,

@@ -5,11 +5,13 @@ the training queries are put in one random order (`nested_subsets`), and the sub
 the first n of that order: every larger subset holds every smaller one, and a seed draws its own
 order. The dev and test splits stay whole (`subset_splitset`). The unseen-answer view of size n
 (`unseen_answer_queries`) keeps the test queries none of whose relevant docs is relevant to a
-training query of the subset of size n, under every seed.
+training query of the subset of size n, under every seed. Each run trains `schedule`'s steps:
+the recipe's epochs over the subset's judged pairs, at most `config.max_steps`.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -76,3 +78,12 @@ def unseen_answer_queries(train: pipeline.Split, subsets: Sequence[Sequence[str]
 def positive_pairs(split: pipeline.Split) -> int:
   """Judged (query, relevant doc) pairs of `split`: the training examples of one epoch."""
   return sum(rel > 0 for q in split.query_ids for rel in split.qrels[q].values())
+
+
+def schedule(config, train, pairs: int) -> dict[str, Any]:
+  """The `train` changes of one run on `pairs` judged pairs: `train.epochs` epochs of
+  `train.batch_size` pairs, at most `config.max_steps` steps, `config.evals` dev evaluations
+  (plus step 0). A row's own changes (MoL's `config.mol_train`) come after these."""
+  steps = min(int(train.epochs) * math.ceil(pairs / int(train.batch_size)),
+              int(config.max_steps))
+  return {"steps": steps, "eval_every": max(1, steps // int(config.evals))}

@@ -2,9 +2,12 @@
 BEIR collection with a planted signal (a query's words and its gold doc's words are disjoint,
 paired by a fixed map the frozen encoder does not know).
 
-Checks the rows and their `finetune` fields, the saved encoder folder, that query_tower ranks with
-the frozen cache's doc embeddings bit for bit, that a killed fine-tune's rerun ends with the
-numbers of an undisturbed one, and that dev (not test) chose the step.
+Checks every row of the table (dot, BM25, the trained rows over frozen embeddings, the dev-best
+one, the hybrid, both fine-tunes) and their fields (`finetune`, `cost`, `recovered`, the
+unseen-answer view), the recovered fraction by hand from the written per-query values, the saved
+encoder folders, that query_tower ranks with the frozen cache's doc embeddings bit for bit, that
+a killed fine-tune's rerun ends with the numbers of an undisturbed one, and that dev (not test)
+chose the steps and the dev-best row.
 """
 import json
 import os
@@ -17,6 +20,7 @@ from bilinear_ir.data import embeddings
 from bilinear_ir.data import loaders
 from bilinear_ir.encoders import hf_folder
 from bilinear_ir.errors import InputError
+from bilinear_ir.experiment import compare
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import finetuning
 from bilinear_ir.experiment import spec as spec_lib
@@ -29,6 +33,7 @@ from conftest import write_model
 QUERY_WORDS, DOC_WORDS = WORDS[:17], WORDS[17:34]  # word i of a query <-> word i of its doc
 DOCS, TRAIN, DEV, TEST, SHARED = 60, 32, 12, 16, 4
 FT_FIELDS = {"mode", "steps", "seconds", "device", "reindex_seconds"}
+TRAINED = ("bilinear", "adapter")  # the trained rows over the frozen embeddings, in the test
 
 
 def write_planted(root: str) -> str:
@@ -63,15 +68,26 @@ def planted(tmp_path_factory):
   return root, write_planted(root), write_model(os.path.join(root, "bert"), "bert", seed=3)
 
 
-def shrunk(planted, mode: str, steps: int = 8):
+def shrunk(planted, modes: str, steps: int = 8, rows: str = "table"):
+  """The finetune config on the planted collection; `rows` "table": every row of the table with
+  the trained rows full W and the adapter (16 steps at lr 0.05: there dev prefers the adapter,
+  test full W), "dot": the dot row alone (the fine-tunes' tests)."""
   root, folder, model = planted
-  c = get_config("finetune", f"collection={folder},mode={mode},steps={steps}")
+  c = get_config("finetune", f"collection={folder},modes={modes},steps={steps},"
+                             "models=bilinear+adapter,max_steps=16")
   c.encoder.model, c.encoder.cache_dir, c.encoder.max_length = model, os.path.join(root, "cache"), 16
   c.train.hard_depth = 5
+  c.evals = 4
+  for name in TRAINED:
+    c.row_train[name].lr = 0.05
+  if rows == "dot":
+    c.rows = tuple(r for r in c.rows if r["name"] == "dot")
   c.finetune.update(dict(batch_size=8, lr=2e-3, warmup_steps=0, eval_every=4,
                          checkpoint_every=2))
   c.eval.depth = 20
   c.stats.resamples = 200
+  c.latency.update(dict(batch=8, repeats=1))
+  c.lock()  # as main locks it
   job.validate(c)
   return c
 
@@ -83,87 +99,168 @@ def run_job(config, workdir: str):
 
 
 @pytest.fixture(scope="module")
-def finished(planted):
-  """mode -> (config, results, workdir) of the shrunk job, run once per mode."""
-  cache = {}
-
-  def get(mode: str):
-    if mode not in cache:
-      config = shrunk(planted, mode)
-      workdir = os.path.join(planted[0], f"w-{mode}")
-      cache[mode] = config, run_job(config, workdir), workdir
-    return cache[mode]
-
-  return get
+def done(planted):
+  """(config, results, workdir) of the shrunk job with every row and both fine-tunes, run once."""
+  config = shrunk(planted, "query_tower+two_tower")
+  workdir = os.path.join(planted[0], "w-table")
+  return config, run_job(config, workdir), workdir
 
 
-@pytest.fixture(params=["query_tower", "two_tower"])
-def done(request, finished):
-  return finished(request.param)
+def by_model(results):
+  return {r["model"]: r for r in results["rows"]}
 
 
 def test_rows_and_their_fields(done):
   config, results, workdir = done
-  dot, ft = results["rows"]
-  assert (dot["model"], ft["model"]) == ("dot", "finetune")
+  rows = by_model(results)
+  assert list(rows) == ["dot", "bm25", *TRAINED, "learned", "hybrid", "query_tower", "two_tower"]
   test_ids = sorted(f"x{j}" for j in range(TEST))
-  for r in (dot, ft):
+  dot = rows["dot"]
+  for r in rows.values():
     assert set(r["metrics"]) == set(config.eval.measures)
     assert sorted(r["per_query"]) == test_ids
     # the unseen-answer view: x0..x3 judge the gold docs of training queries
     assert r["unseen"]["n_queries"] == TEST - SHARED
     want = np.mean([r["per_query"][q] for q in test_ids if q not in ("x0", "x1", "x2", "x3")])
     assert r["unseen"]["mean"] == pytest.approx(want)
-  assert ft["vs_dot"]["n"] == TEST and ft["unseen"]["vs_dot"]["n"] == TEST - SHARED
-  assert ft["vs_dot"]["diff"] == pytest.approx(ft["metrics"]["ndcg@10"] - dot["metrics"]["ndcg@10"])
-  f = ft["finetune"]
-  assert set(f) == FT_FIELDS and f["mode"] == config.finetune.mode and f["steps"] == 8
-  assert f["seconds"] > 0 and " x " in f["device"]
-  if config.finetune.mode == "query_tower":
-    assert f["reindex_seconds"] == 0.0  # the index never changes
-  else:
-    assert f["reindex_seconds"] > 0
-  assert [h["step"] for h in ft["history"][0]] == [0, 4, 8]
-  # the saved encoder: a sentence-transformers folder holding the chosen query side
-  folder = os.path.join(workdir, "model", "mean")
-  assert os.path.isfile(os.path.join(folder, "modules.json"))
-  saved = hf_folder.load_folder(folder)
+    cost = r["cost"]
+    assert cost["ms_per_query"] > 0 and cost["raw_bytes_per_doc"] == 32 * 4
+    if r["model"] == "dot":
+      assert "vs_dot" not in r and "vs_dot" not in r["unseen"]
+      continue
+    assert r["vs_dot"]["n"] == TEST and r["unseen"]["vs_dot"]["n"] == TEST - SHARED
+    assert r["vs_dot"]["diff"] == pytest.approx(r["metrics"]["ndcg@10"]
+                                                - dot["metrics"]["ndcg@10"])
+    assert r["vs_dot"]["p_holm"] >= r["vs_dot"]["p_perm"]  # Holm over the table
+  # the index: the query-side rows keep the raw index, the two towers write a new one
+  for name in ("dot", *TRAINED, "learned", "query_tower"):
+    cost = rows[name]["cost"]
+    assert (cost["index"], cost["index_changes"], cost["extra_bytes_per_doc"],
+            cost["reencode_seconds"]) == ("raw", False, 0.0, 0.0), name
+  assert all(rows[name]["cost"]["query_side"] for name in (*TRAINED, "learned"))
+  assert not rows["dot"]["cost"]["query_side"] and not rows["query_tower"]["cost"]["query_side"]
+  bm25, hybrid, two = rows["bm25"]["cost"], rows["hybrid"]["cost"], rows["two_tower"]["cost"]
+  assert bm25["index"] == "bm25" and bm25["extra_bytes_per_doc"] > 0
+  assert hybrid["index"] == "raw + bm25" and hybrid["index_changes"]
+  assert hybrid["extra_bytes_per_doc"] == bm25["extra_bytes_per_doc"]
+  assert two["index"] == "new" and two["extra_bytes_per_doc"] == 32 * 4
+  assert two["reencode_seconds"] == rows["two_tower"]["finetune"]["reindex_seconds"] > 0
+  assert rows["query_tower"]["cost"]["ms_per_query"] == dot["cost"]["ms_per_query"]
+  for mode in ("query_tower", "two_tower"):
+    f = rows[mode]["finetune"]
+    assert set(f) == FT_FIELDS and f["mode"] == mode and f["steps"] == 8
+    assert f["seconds"] > 0 and " x " in f["device"]
+    assert [h["step"] for h in rows[mode]["history"][0]] == [0, 4, 8]
+  assert rows["query_tower"]["finetune"]["reindex_seconds"] == 0.0  # the index never changes
+  for name in TRAINED:
+    assert rows[name]["seconds"] > 0 and len(rows[name]["best_steps"]) == 1
+  assert rows["hybrid"]["seconds"] == rows["learned"]["seconds"]
+  # the saved encoders: sentence-transformers folders holding each mode's chosen query side
   source = hf_folder.load_folder(config.encoder.model)
-  same = all(np.array_equal(a, b) for a, b in zip(
-      jax_leaves(saved.params), jax_leaves(source.params)))
-  assert same == (ft["best_steps"] == [0])  # the frozen encoder only when step 0 was chosen
+  for mode in ("query_tower", "two_tower"):
+    folder = os.path.join(workdir, "model", f"mean-{mode}")
+    assert os.path.isfile(os.path.join(folder, "modules.json"))
+    saved = hf_folder.load_folder(folder)
+    same = all(np.array_equal(a, b) for a, b in zip(
+        jax_leaves(saved.params), jax_leaves(source.params)))
+    assert same == (rows[mode]["best_steps"] == [0])  # the frozen encoder only at step 0
   with open(os.path.join(workdir, "results.json"), encoding="utf-8") as fh:
     written = json.loads(fh.read(), parse_constant=lambda c: pytest.fail(f"{c} in results.json"))
-  assert written["rows"][1]["finetune"] == f and written["rows"][1]["history"][0][0]["loss"] is None
+  assert written["rows"][-1]["finetune"] == rows["two_tower"]["finetune"]
+  assert written["rows"][-1]["history"][0][0]["loss"] is None
   with open(os.path.join(workdir, "results.md"), encoding="utf-8") as fh:
     md = fh.read()
-  assert "| finetune |" in md and f"{ft['metrics']['ndcg@10']:.4f}" in md
+  for name in ("two-tower fine-tune", "query-tower fine-tune", "hybrid", "bm25"):
+    assert f"| {name} |" in md
+  assert f"{rows['two_tower']['metrics']['ndcg@10']:.4f}" in md
+
+
+def test_recovered_fraction_by_hand(done):
+  """(row - dot) / (two_tower - dot) from the per-query values written to results.json."""
+  _, _, workdir = done
+  with open(os.path.join(workdir, "results.json"), encoding="utf-8") as fh:
+    rows = {r["model"]: r for r in json.load(fh)["rows"]}
+  unseen = [f"x{j}" for j in range(SHARED, TEST)]
+  views = {"all": lambda r: np.mean(list(r["per_query"].values())),
+           "unseen": lambda r: np.mean([r["per_query"][q] for q in unseen])}
+  for view, mean in views.items():
+    gain = mean(rows["two_tower"]) - mean(rows["dot"])
+    assert gain > 0, view  # the planted map is learned: the fraction is defined
+    for name, r in rows.items():
+      assert r["recovered"][view] == pytest.approx((mean(r) - mean(rows["dot"])) / gain), name
+    assert rows["two_tower"]["recovered"][view] == pytest.approx(1.0)
+    assert rows["dot"]["recovered"][view] == 0.0
+
+
+def test_recovered_is_undefined_without_a_two_tower_gain():
+  rows = [{"embedding": "mean", "model": m, "metrics": {"ndcg@10": v}, "unseen": {"mean": u}}
+          for m, v, u in (("dot", 0.5, 0.4), ("wdp", 0.6, 0.5), ("two_tower", 0.5, 0.6))]
+  compare.recovered(rows, "two_tower", "ndcg@10", ("embedding",))
+  assert rows[1]["recovered"] == {"all": None, "unseen": pytest.approx(0.5)}
+  compare.recovered(rows[:2], "two_tower", "ndcg@10", ("embedding",))  # no two-tower row
+  assert rows[1]["recovered"] == {"all": None, "unseen": None}
+
+
+def test_the_dev_best_row_is_chosen_on_dev(done):
+  config, results, _ = done
+  rows = by_model(results)
+  trained = list(TRAINED)
+  dev = {name: rows[name]["dev"]["ndcg@10"] for name in trained}
+  test = {name: rows[name]["metrics"]["ndcg@10"] for name in trained}
+  best = max(trained, key=lambda n: dev[n])  # the first on ties, as `rows.best_on_dev`
+  learned = rows["learned"]
+  assert [c.split("@")[0] for c in learned["chosen"]] == [best]
+  assert learned["per_query"] == rows[best]["per_query"]
+  assert learned["dev"]["ndcg@10"] == dev[best]
+  # the hybrid blends that row with BM25 (lam on dev)
+  assert rows["hybrid"]["cost"]["ms_per_query"] == pytest.approx(
+      rows["learned"]["cost"]["ms_per_query"] + rows["bm25"]["cost"]["ms_per_query"])
+  # dev and test disagree here, so a selection on test would pick another row
+  assert max(trained, key=lambda n: test[n]) != best
 
 
 def jax_leaves(tree):
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
+MODES = ("query_tower", "two_tower")
+
+
 def test_the_planted_signal_is_learned(done):
-  _, results, _ = done
-  ft = results["rows"][1]
-  history = ft["history"][0]
-  assert ft["best_steps"][0] > 0 and max(h["dev"] for h in history) > history[0]["dev"]
+  rows = by_model(done[1])
+  for mode in MODES:
+    history = rows[mode]["history"][0]
+    assert rows[mode]["best_steps"][0] > 0, mode
+    assert max(h["dev"] for h in history) > history[0]["dev"], mode
 
 
 def test_dev_not_test_chose_the_step(done):
-  _, results, _ = done
-  dot, ft = results["rows"]
-  history = ft["history"][0]
-  # step 0 is the frozen encoder: its dev value is the dot row's dev metric, not its test one
-  assert history[0]["dev"] == pytest.approx(dot["dev"]["ndcg@10"], abs=1e-9)
-  assert dot["dev"]["ndcg@10"] != pytest.approx(dot["metrics"]["ndcg@10"])
-  best = max(history, key=lambda h: h["dev"])  # the first on ties, as `fit` keeps
-  assert ft["best_steps"] == [best["step"]] and ft["dev"]["ndcg@10"] == best["dev"]
+  rows = by_model(done[1])
+  dot = rows["dot"]
+  for mode in MODES:
+    ft = rows[mode]
+    history = ft["history"][0]
+    # step 0 is the frozen encoder: its dev value is the dot row's dev metric, not its test one
+    assert history[0]["dev"] == pytest.approx(dot["dev"]["ndcg@10"], abs=1e-9)
+    assert dot["dev"]["ndcg@10"] != pytest.approx(dot["metrics"]["ndcg@10"])
+    best = max(history, key=lambda h: h["dev"])  # the first on ties, as `fit` keeps
+    assert ft["best_steps"] == [best["step"]] and ft["dev"]["ndcg@10"] == best["dev"]
 
 
-def test_query_tower_ranks_with_the_frozen_cache_bit_for_bit(planted, monkeypatch, tmp_path):
-  config = shrunk(planted, "query_tower", steps=4)
+def test_a_killed_query_tower_resumes_to_the_same_numbers_on_the_frozen_docs(planted, done,
+                                                                             monkeypatch):
+  """The query-tower fine-tune of the full table, killed after 3 steps and run again: the same
+  numbers as the undisturbed run (the other rows do not touch it), and every ranking of the
+  rerun (dot's dev and test, the fine-tune's dev and test) over the frozen cache's doc
+  embeddings, bit for bit."""
+  config = shrunk(planted, "query_tower", rows="dot")
+  workdir = os.path.join(planted[0], "w-killed")
+  fit = finetuning.finetune.fit
+  monkeypatch.setattr(finetuning.finetune, "fit",
+                      lambda *a, **k: fit(*a, **{**k, "stop_after": 3}))
+  killed = by_model(run_job(config, workdir))["query_tower"]
+  assert [h["step"] for h in killed["history"][0]] == [0]  # stopped before the evaluation at 4
+  monkeypatch.setattr(finetuning.finetune, "fit", fit)
   seen = []
   call = evaluate.RankingEvaluator.__call__
 
@@ -172,25 +269,13 @@ def test_query_tower_ranks_with_the_frozen_cache_bit_for_bit(planted, monkeypatc
     return call(self, module, params, q_feats, d_feats)
 
   monkeypatch.setattr(evaluate.RankingEvaluator, "__call__", spy)
-  run_job(config, str(tmp_path / "w"))
+  again = by_model(run_job(config, workdir))["query_tower"]
   coll = loaders.load(spec_lib.collection_block(config.data, config.collection))
   frozen = embeddings.embed_collection(coll, spec_lib.Recipe.of(config, "mean").encoder).docs
-  assert len(seen) >= 4  # dot's dev and test, the fine-tune's dev at 0 and 4, its test
+  assert len(seen) >= 4  # dot's dev and test, the fine-tune's dev at 4 and 8, its test
   for docs in seen:
     assert docs.dtype == frozen.dtype and np.array_equal(docs, frozen)
-
-
-def test_a_killed_fine_tune_resumes_to_the_same_numbers(planted, finished, monkeypatch):
-  config, results, _ = finished("query_tower")
-  workdir = os.path.join(planted[0], "w-killed")
-  fit = finetuning.finetune.fit
-  monkeypatch.setattr(finetuning.finetune, "fit",
-                      lambda *a, **k: fit(*a, **{**k, "stop_after": 3}))
-  killed = run_job(config, workdir)["rows"][1]
-  assert [h["step"] for h in killed["history"][0]] == [0]  # stopped before the evaluation at 4
-  monkeypatch.setattr(finetuning.finetune, "fit", fit)
-  again = run_job(config, workdir)["rows"][1]
-  want = results["rows"][1]
+  want = by_model(done[1])["query_tower"]
   assert again["history"] == want["history"]
   assert again["best_steps"] == want["best_steps"]
   assert again["per_query"] == want["per_query"] and again["metrics"] == want["metrics"]
@@ -198,16 +283,19 @@ def test_a_killed_fine_tune_resumes_to_the_same_numbers(planted, finished, monke
 
 
 def test_query_tower_with_the_corpus_loss(planted, tmp_path):
-  config = shrunk(planted, "query_tower")
+  config = shrunk(planted, "query_tower", rows="dot")
   config.finetune.loss = "corpus"
   results = run_job(config, str(tmp_path / "w"))
-  ft = results["rows"][1]
+  ft = by_model(results)["query_tower"]
   assert results["loss"] == "corpus" and ft["finetune"]["reindex_seconds"] == 0.0
   assert all(np.isfinite(h["loss"]) for h in ft["history"][0][1:])
   assert ft["best_steps"][0] > 0  # the planted map is learned from the softmax over the corpus
 
 
 def test_two_tower_refuses_the_corpus_loss():
-  config = get_config("finetune", "mode=two_tower,loss=corpus")
+  config = get_config("finetune", "modes=two_tower,loss=corpus")
   with pytest.raises(InputError, match="finetune.loss"):
+    job.validate(config)
+  config = get_config("finetune", "modes=two_tower+two_tower")
+  with pytest.raises(InputError, match="modes"):
     job.validate(config)

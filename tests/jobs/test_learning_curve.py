@@ -60,8 +60,8 @@ def test_schedule_caps_steps_and_spreads_evaluations():
   config.train.batch_size, config.train.epochs = 8, 2
   config.max_steps, config.evals = 50, 5
   # 2 epochs of ceil(20 / 8) batches of 8 pairs
-  assert learning_curve.schedule(config, config.train, 20) == {"steps": 6, "eval_every": 1}
-  assert learning_curve.schedule(config, config.train, 10_000) == {"steps": 50, "eval_every": 10}
+  assert curve.schedule(config, config.train, 20) == {"steps": 6, "eval_every": 1}
+  assert curve.schedule(config, config.train, 10_000) == {"steps": 50, "eval_every": 10}
 
 
 # The planted collection: DIM-wide embeddings where a query is its gold doc mapped by a planted
