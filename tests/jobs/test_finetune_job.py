@@ -84,14 +84,24 @@ def run_job(config, workdir: str):
 
 @pytest.fixture(scope="module")
 def finished(planted):
-  """mode -> (config, results, workdir) of the shrunk job, run once per mode."""
+  """mode -> (config, results, workdir, docs) of the shrunk job, run once per mode; docs: the
+  d_feats [N, n] of every `RankingEvaluator` call of the run, copied."""
   cache = {}
+  call = evaluate.RankingEvaluator.__call__
 
   def get(mode: str):
     if mode not in cache:
       config = shrunk(planted, mode)
       workdir = os.path.join(planted[0], f"w-{mode}")
-      cache[mode] = config, run_job(config, workdir), workdir
+      seen = []
+
+      def spy(self, module, params, q_feats, d_feats):
+        seen.append(np.array(d_feats))
+        return call(self, module, params, q_feats, d_feats)
+
+      with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(evaluate.RankingEvaluator, "__call__", spy)
+        cache[mode] = config, run_job(config, workdir), workdir, seen
     return cache[mode]
 
   return get
@@ -103,7 +113,7 @@ def done(request, finished):
 
 
 def test_rows_and_their_fields(done):
-  config, results, workdir = done
+  config, results, workdir, _ = done
   dot, ft = results["rows"]
   assert (dot["model"], ft["model"]) == ("dot", "finetune")
   test_ids = sorted(f"x{j}" for j in range(TEST))
@@ -145,14 +155,14 @@ def jax_leaves(tree):
 
 
 def test_the_planted_signal_is_learned(done):
-  _, results, _ = done
+  _, results, _, _ = done
   ft = results["rows"][1]
   history = ft["history"][0]
   assert ft["best_steps"][0] > 0 and max(h["dev"] for h in history) > history[0]["dev"]
 
 
 def test_dev_not_test_chose_the_step(done):
-  _, results, _ = done
+  _, results, _, _ = done
   dot, ft = results["rows"]
   history = ft["history"][0]
   # step 0 is the frozen encoder: its dev value is the dot row's dev metric, not its test one
@@ -162,26 +172,17 @@ def test_dev_not_test_chose_the_step(done):
   assert ft["best_steps"] == [best["step"]] and ft["dev"]["ndcg@10"] == best["dev"]
 
 
-def test_query_tower_ranks_with_the_frozen_cache_bit_for_bit(planted, monkeypatch, tmp_path):
-  config = shrunk(planted, "query_tower", steps=4)
-  seen = []
-  call = evaluate.RankingEvaluator.__call__
-
-  def spy(self, module, params, q_feats, d_feats):
-    seen.append(np.array(d_feats))
-    return call(self, module, params, q_feats, d_feats)
-
-  monkeypatch.setattr(evaluate.RankingEvaluator, "__call__", spy)
-  run_job(config, str(tmp_path / "w"))
+def test_query_tower_ranks_with_the_frozen_cache_bit_for_bit(finished):
+  config, _, _, seen = finished("query_tower")
   coll = loaders.load(spec_lib.collection_block(config.data, config.collection))
   frozen = embeddings.embed_collection(coll, spec_lib.Recipe.of(config, "mean").encoder).docs
-  assert len(seen) >= 4  # dot's dev and test, the fine-tune's dev at 0 and 4, its test
+  assert len(seen) >= 6  # dot's dev and test, the fine-tune's dev at 0, 4 and 8, its test
   for docs in seen:
     assert docs.dtype == frozen.dtype and np.array_equal(docs, frozen)
 
 
 def test_a_killed_fine_tune_resumes_to_the_same_numbers(planted, finished, monkeypatch):
-  config, results, _ = finished("query_tower")
+  config, results, _, _ = finished("query_tower")
   workdir = os.path.join(planted[0], "w-killed")
   fit = finetuning.finetune.fit
   monkeypatch.setattr(finetuning.finetune, "fit",
