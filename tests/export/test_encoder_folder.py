@@ -38,10 +38,10 @@ SETTINGS = [{"pooling": "mean", "normalize": True, "max_length": 24},
 def perturbed(params, seed: int, scale: float = 0.05):
   """Every leaf + scale * its std * N(0, 1) (seeded): a fine-tune's kind of change."""
   leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  rng = np.random.default_rng(seed)  # numpy: no compile per leaf shape
   return jax.tree.unflatten(tree, [
-      np.asarray(x + scale * np.std(x) * jax.random.normal(k, x.shape), np.float32)
-      for x, k in zip(leaves, keys)])
+      np.asarray(x + scale * np.std(x) * rng.standard_normal(x.shape), np.float32)
+      for x in leaves])
 
 
 def project_encode(encoder, params, texts, settings, prefix=""):
@@ -90,10 +90,10 @@ def minilm():
   return encoder, perturbed(encoder.params, seed=0)
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=["mean_normalized", "cls_prompts"])
-def test_fine_tuned_minilm_encodes_in_sentence_transformers_as_in_the_project(
-    minilm, settings, tmp_path):
+def test_fine_tuned_minilm_encodes_in_sentence_transformers_as_in_the_project(minilm, tmp_path):
+  # MiniLM's own settings; the other corner (CLS, unnormalised, prompts) is the tiny models'.
   encoder, params = minilm
+  settings = SETTINGS[0]
   path = str(tmp_path / "model")
   encoder_folder.save(path, encoder, params, settings)
   diffs = check_folder(path, encoder, params, settings, TEXTS)
