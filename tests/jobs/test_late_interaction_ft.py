@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -77,6 +78,21 @@ def test_candidates_encoded_again_by_the_frozen_weights_rank_as_the_cache(tmp_pa
     assert part[1] == full[1]
   with pytest.raises(InputError, match="doc_rows"):  # a candidate missing from doc_rows
     setting.rerank("dev", module, {}, cached_q, cached_d[rows[1:]], doc_rows=rows[1:])
+  # A fine-tune's features: the frozen weights read the cache; other weights encode the docs
+  # asked for, or only those not already encoded by the same weights (merged in row order).
+  feats = finetuned.features_of(setting, c, True, encoder)
+  get = finetuned.ranker(setting, feats, lambda p: {})
+  assert get({"shared": encoder.params}, rows)[2] is None
+  tuned = {"shared": jax.tree.map(lambda x: x * 1.01, encoder.params)}
+  every = setting.candidate_rows()
+  assert len(every) > len(rows)
+  _, d_dev, _, _, _, key = get(tuned, rows)
+  _, d_all, rows_all, _, _, _ = get(tuned, every)
+  _, d_mix, rows_mix, _, _, _ = get(tuned, every, (key, rows, d_dev))
+  assert rows_all is every and rows_mix is every
+  np.testing.assert_array_equal(d_mix[1], d_all[1])
+  np.testing.assert_allclose(d_mix[0], d_all[0], atol=2e-3)
+  assert np.abs(d_all[0].astype(np.float32) - setting.tokens.docs[every]).max() > 1e-2
 
 
 def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir):
@@ -93,7 +109,9 @@ def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir):
     assert set(r["finetune"]) == {"mode", "steps", "seconds", "device", "reindex_seconds"}
     ft = r["finetune"]
     assert ft["mode"] == "two_tower" and ft["steps"] == 2 and ft["device"] == "8 x cpu"
-    assert ft["seconds"] > 0 and ft["reindex_seconds"] > 0 and r["reindex_docs"] > 0
+    assert ft["seconds"] > 0
+    # Every candidate doc encoded again with the chosen weights; none when dev chose step 0.
+    assert (ft["reindex_seconds"] > 0 and 0 < r["reindex_docs"] <= 60) != (r["best_step"] == 0)
     # Selected on dev every step, step 0 (the frozen encoder) a candidate: the row's dev value
     # is its history's best (the first best), and its test values come from those params.
     hist = [h["dev"] for h in r["history"]]

@@ -103,27 +103,38 @@ def finetune_data(setting: Setting, config, feats: Features, cfg) -> finetune.Fi
 
 
 def ranker(setting: Setting, feats: Features, head_params: Callable[[dict], Any]
-           ) -> Callable[[dict, np.ndarray], tuple[Any, ...]]:
-  """params (a fine-tune's) , doc rows [U] -> (query features of query rows (a function),
-  doc features, doc rows or None, seconds spent encoding the docs, scorer params): the
-  setting's frozen features (all N docs) where both sides are the frozen encoder's, else the
-  `doc_rows` docs encoded again ([U, ...])."""
+           ) -> Callable[..., tuple[Any, ...]]:
+  """`get(params, doc_rows, known=None)` -> (query features of query rows (a function), doc
+  features, doc rows or None, seconds spent encoding docs, scorer params, the doc side's weights
+  hash): the setting's frozen features (all N docs) where both sides of `params` (a
+  fine-tune's) are the frozen encoder's, else the `doc_rows` [U] docs encoded again ([U, ...]).
+  `known`: (weights hash, rows [V], features [V, ...]) of docs already encoded: with the same
+  hash, only the docs of `doc_rows` not among them are encoded."""
   frozen = files.tree_sha256(feats.encoder.params)
   coll, query_ids = setting.prepared.collection, setting.prepared.embeddings.query_ids
   docs = coll.doc_strings()
 
-  def get(params: dict, doc_rows: np.ndarray) -> tuple[Any, ...]:
+  def get(params: dict, doc_rows: np.ndarray, known: tuple | None = None) -> tuple[Any, ...]:
     sides = [finetune.side_params(params, side, feats.encoder) for side in finetune.SIDES]
-    if all(files.tree_sha256(p) == frozen for p in sides):
-      if feats.tokens:
-        return setting.token_queries, setting.token_docs, None, 0.0, head_params(params)
-      return (setting.pooled_queries, setting.prepared.embeddings.docs, None, 0.0,
-              head_params(params))
+    keys = [files.tree_sha256(p) for p in sides]
+    if keys == [frozen, frozen]:
+      q_feats, d_feats = ((setting.token_queries, setting.token_docs) if feats.tokens else
+                          (setting.pooled_queries, setting.prepared.embeddings.docs))
+      return q_feats, d_feats, None, 0.0, head_params(params), frozen
+    reuse = known is not None and known[0] == keys[1] and known[2] is not None
+    new = np.setdiff1d(doc_rows, known[1]) if reuse else doc_rows
     started = time.perf_counter()
-    d_feats = feats.encode(sides[1], [docs[r] for r in doc_rows], 1)
+    d_feats = feats.encode(sides[1], [docs[r] for r in new], 1)
     seconds = time.perf_counter() - started
+    if reuse:  # the known docs' features and the new ones, in the order of `doc_rows`
+      rows = np.concatenate([known[1], new])
+      order = np.argsort(rows, kind="stable")
+      keep = np.isin(rows[order], doc_rows)
+      merge = lambda a, b: np.concatenate([a, b])[order][keep]
+      d_feats = (tuple(map(merge, known[2], d_feats)) if feats.tokens
+                 else merge(known[2], d_feats))
     q_feats = lambda rows: feats.encode(sides[0], [coll.queries[query_ids[r]] for r in rows], 0)
-    return q_feats, d_feats, doc_rows, seconds, head_params(params)
+    return q_feats, d_feats, doc_rows, seconds, head_params(params), keys[1]
 
   return get
 
@@ -137,8 +148,10 @@ def finetune_row(setting: Setting, config, name: str, lat: tuple, dtype, n_train
     (its Scored over the dev and test candidates (and pools), {"scorer", "trained", "best_step",
      "history", "params" (the head's count), "train_seconds", "reindex_docs", "finetune":
      {"mode", "steps", "seconds", "device", "reindex_seconds"}}): "seconds" the training steps
-     (dev evaluations excluded), "reindex_seconds" the longest re-encoding of candidate docs
-     (of "reindex_docs" docs; 0 when the frozen encoder was chosen and nothing was encoded).
+     (dev evaluations excluded), "reindex_seconds" encoding the "reindex_docs" candidate docs
+     (every dev and test candidate and pool doc) with the chosen weights (the dev ones at their
+     dev evaluation, the rest after training; 0 docs and 0 s when dev chose the frozen
+     encoder, whose cached features serve).
   """
   prepared = setting.prepared
   cfg = models.row_finetune(config, name)
@@ -149,15 +162,19 @@ def finetune_row(setting: Setting, config, name: str, lat: tuple, dtype, n_train
   feats = features_of(setting, config, head is not None, encoder)
   eval_module = setting.eval_module(module)
   features = ranker(setting, feats, lambda p: p["head"] if head is not None else {})
-  encodes = [(0.0, 0)]
   sel = config.train.select_metric
   dev_rows = setting.candidate_rows(("dev",))
+  # The best step's dev docs, as `fit` selects: their features and encoding seconds.
+  best = {"value": None, "known": None, "seconds": 0.0}
 
   def on_dev(params: dict) -> float:
-    q, d, rows, seconds, hp = features(params, dev_rows)
-    encodes.append((seconds, len(dev_rows)))
-    return setting.rerank("dev", eval_module, hp, q, d, evaluate.dev_measures(sel),
-                          doc_rows=rows)[1]["mean"][sel]
+    q, d, rows, seconds, hp, key = features(params, dev_rows)
+    value = setting.rerank("dev", eval_module, hp, q, d, evaluate.dev_measures(sel),
+                           doc_rows=rows)[1]["mean"][sel]
+    if best["value"] is None or value > best["value"]:
+      best.update(value=value, known=None if rows is None else (key, dev_rows, d),
+                  seconds=seconds)
+    return value
 
   identity = {"model": config.models[name].to_dict(), "finetune": cfg.to_dict(),
               "train": config.train.to_dict(), "encoder": enc.to_dict(),
@@ -167,20 +184,20 @@ def finetune_row(setting: Setting, config, name: str, lat: tuple, dtype, n_train
                         int(config.seed), evaluate=on_dev if setting.split("dev").query_ids
                         else None, checkpoint_dir=folder, head=head)
   all_rows = setting.candidate_rows()
-  q, d, rows, seconds, hp = features(result.params, all_rows)
-  encodes.append((seconds, len(all_rows)))
+  q, d, rows, seconds, hp, key = features(result.params, all_rows, best["known"])
+  if best["known"] is not None and best["known"][0] == key:  # the dev docs came from there
+    seconds += best["seconds"]
   lq, lqm, ld, ldm, lrows = lat
   if head is None:
     fn, n_vec, width = timing.de_case(lq, lqm, prepared.embeddings.docs[lrows], dtype)
   else:
     fn, n_vec, width = latency.token_call(module, scorer, hp, lat, dtype)
   scored = setting.score(eval_module, hp, q, d, fn, (n_vec, width), doc_rows=rows)
-  reindex, docs = max(encodes)
   history = [{**h, "loss": None if np.isnan(h["loss"]) else h["loss"]} for h in result.history]
   return scored, {
       "scorer": scorer, "trained": True, "best_step": result.best_step, "history": history,
       "params": int(sum(np.size(x) for x in jax.tree.leaves(hp))),
-      "train_seconds": round(result.seconds, 1), "reindex_docs": int(docs),
+      "train_seconds": round(result.seconds, 1), "reindex_docs": 0 if rows is None else len(rows),
       "finetune": {"mode": cfg.mode, "steps": int(result.steps),
                    "seconds": round(result.seconds, 3), "device": finetuning.device(),
-                   "reindex_seconds": round(reindex, 3)}}
+                   "reindex_seconds": round(seconds, 3)}}
