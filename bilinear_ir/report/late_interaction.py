@@ -139,16 +139,17 @@ def findings(results: dict[str, Any], config) -> str:
                       value=best["metrics"][measure],
                       paired=text.fmt_paired(best.get("vs_table"), config.stats.alpha),
                       ratio=best["ms_1q_100d"] / tab["ms_1q_100d"]))
-  tuned = [r for r in top if r.get("encoder") == "fine-tuned"]
-  for r in tuned:
+  tuned, measure = [r for r in top if r.get("encoder") == "fine-tuned"], results["measure"]
+  for r in tuned:  # in the paired tests' measure
     f = r["finetune"]
-    lines.append(say("finetuned", row=r["row"], value=r["metrics"][m], best=r["best_step"],
+    lines.append(say("finetuned", row=r["row"], value=r["metrics"][measure], measure=measure,
+                     best=r["best_step"],
                      steps=f["steps"], seconds=f["seconds"], device=f["device"],
                      reindex=f["reindex_seconds"], docs=r["reindex_docs"],
                      paired=text.fmt_paired(r.get("vs_dot"), config.stats.alpha)))
   if "lite_ft" in rows and "colbert_ft" in rows:  # paper 004's claim in its own setting
-    lines.append(say("joint", lite=rows["lite_ft"]["metrics"][m],
-                     colbert=rows["colbert_ft"]["metrics"][m],
+    lines.append(say("joint", lite=rows["lite_ft"]["metrics"][measure], measure=measure,
+                     colbert=rows["colbert_ft"]["metrics"][measure],
                      paired=text.fmt_paired(rows["lite_ft"].get("vs_colbert_ft"),
                                             config.stats.alpha)))
   trained = [r for r in top if r.get("best_step") is not None and r["row"] != "table"
