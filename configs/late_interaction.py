@@ -17,6 +17,18 @@ P' = 128 projection, trained), lite_paper (separable LITE at the paper's widths 
 m2 = 768) and table (the table similarity of `c.table` best on dev, full W or I + P Q^T r = 32,
 on the pooled embeddings, re-ranking the same candidates).
 
+Fine-tuned rows (expensive: the encoder trains; name them in `--config.rows`), each trained
+jointly with the encoder (two_tower, `c.finetune` with the model's "finetune" changes), selected on
+dev every `finetune.eval_every` steps (step 0, the frozen encoder, a candidate), the candidate
+docs encoded again with the tuned weights, and compared per query with every row (each is a
+baseline of the paired tests too): de_ft (paper 002's fine-tuned dual encoder, pooled mean, dot),
+mebert_ft (ME-BERT m = 8, paper 002), colbert_ft (ColBERT sum-max with a trained P' = 128
+projection, paper 004) and lite_ft (separable LITE, paper 004's main setting), e.g.
+
+  python -m bilinear_ir.main --config=configs/late_interaction.py:quick=true \
+--config.rows="('dot','colbert','de_ft','colbert_ft','lite_ft','mebert_ft')" \
+--config.finetune.steps=20 --workdir=runs/late_interaction_ft
+
 Every trained token row is selected on dev with the untrained ColBERT as a candidate (the row
 reports ColBERT's numbers, `kept_colbert`, when no trained step beats it on dev) and compared per
 test query with ColBERT and with dot (Holm over each baseline's comparisons).
@@ -77,6 +89,14 @@ def get_config(arg=None):
                      "doc_reduction": "linear"},
       "lite_flat": {"scorer": "lite_flat", "width": 256},
       "knrm": {"scorer": "knrm"},
+      # Fine-tuned with the encoder (`c.finetune` + these changes): DE at MNRL's scale 20 on
+      # cosines; the token heads on their raw scores (temperature 1, as papers 002 and 004 train
+      # them with cross entropy), their own params (from random) at `head_lr`.
+      "de_ft": {"scorer": "dot", "finetune": {"temperature": 0.05}},
+      "mebert_ft": {"scorer": "mebert", "num_vectors": 8, "proj_dim": 128, "query_pool": "mean",
+                    "finetune": {}},
+      "colbert_ft": {"scorer": "colbert", "token_dim": 128, "normalize": True, "finetune": {}},
+      "lite_ft": {"scorer": "lite", "m1": 32, "m2": 256, "finetune": {}},
   })
   c.train = blocks.train_config()     # shared recipe of the trained rows (cross entropy)
   c.train.loss = "softmax"
@@ -96,6 +116,19 @@ def get_config(arg=None):
   c.train.eval_every = 50            # dev re-ranking for model selection
   c.train_overrides = ConfigDict({   # row name -> {field: value} changes to c.train
       "knrm": {"lr": 1e-3}})         # and mebert; 1e-3 was better for knrm
+  # The fine-tuned rows' shared recipe (`bilinear_ir.train.finetune`): the encoder at the
+  # sentence-transformers learning rate, the heads at the frozen rows' 3e-3 (`c.train.lr`).
+  c.finetune = blocks.finetune_config()
+  c.finetune.mode = "two_tower"
+  c.finetune.temperature = 1.0
+  c.finetune.lr = 5e-5
+  c.finetune.head_lr = 3e-3
+  c.finetune.batch_size = 16         # + 1 hard negative each (c.train's pool): C = 32
+  c.finetune.hard_negatives = 1
+  c.finetune.steps = 200
+  c.finetune.warmup_steps = 20
+  c.finetune.eval_every = 50
+  c.finetune.checkpoint_every = 50
   c.distill = ConfigDict()
   c.distill.scorers = ("lite",) if a["distill"] else ()  # rows also trained by distillation
   c.distill.losses = ("kl", "margin_mse")
@@ -144,5 +177,8 @@ def get_config(arg=None):
     c.rows = ("dot", "colbert", "lite", "knrm", "hybrid")
     c.train.steps = 40
     c.train.eval_every = 20
+    c.finetune.steps = 20
+    c.finetune.warmup_steps = 2
+    c.finetune.eval_every = 10
     c.distill.scorers = ()
   return c

@@ -329,6 +329,13 @@ def finetune_config() -> ml_collections.ConfigDict:
     remat: gradient checkpointing: each Transformer layer's activations are recomputed in the
       backward pass (`encoders.layers.transformer_layer`), for larger batches in less memory.
     corpus_chunk: docs per chunk of the "corpus" loss (one step holds [B, corpus_chunk] scores).
+    head: how a query is compared with a doc in the loss: "dot" (the dot product of the pooled
+      vectors: the fine-tuned dual encoder, DE) or the name of a late-interaction row model (a
+      `scorers` module over token states, e.g. the late_interaction job's colbert_ft, mebert_ft,
+      lite_ft), trained jointly with the encoder: every query's token states against every
+      candidate's by its `score_all`, in the mnrl softmax (two_tower only).
+    head_lr: peak learning rate of the head's own params (0 = `lr`): a head starts from random
+      weights, the encoder from trained ones.
     checkpoint_every, keep_checkpoints: orbax cadence and retention (a killed run resumes from
       the latest checkpoint and ends with the same numbers).
   """
@@ -351,6 +358,8 @@ def finetune_config() -> ml_collections.ConfigDict:
   c.remat = False
   c.pack = True
   c.corpus_chunk = 4096
+  c.head = "dot"
+  c.head_lr = 0.0
   c.checkpoint_every = 100
   c.keep_checkpoints = 2
   return c

@@ -30,6 +30,14 @@ Rows (`config.rows`, each a name of `config.models` or "dot" / "table" / "hybrid
              colbert_proj adds a trained token projection P -> P'.
   mebert     ME-BERT, m = 8 doc vectors, trained shared projection + LayerNorm.
   lite, lite_flat, knrm   trained on the frozen token similarities.
+  de_ft, mebert_ft, colbert_ft, lite_ft   (not default rows: the encoder trains) DE, ME-BERT,
+             ColBERT with a trained projection and separable LITE, each trained jointly with the
+             encoder (`config.finetune` + the model's "finetune" changes; two_tower), selected on
+             dev every `finetune.eval_every` steps (step 0 a candidate; not against ColBERT),
+             the candidate docs encoded again with the tuned weights
+             (`studies.late_interaction.finetuned`); each is also a baseline of the paired tests
+             ("vs_<row>"), and carries "finetune": {mode, steps, seconds, device,
+             reindex_seconds}.
   hybrid     `lam * dense + (1 - lam) * BM25` (retrieval/hybrid.py) over the same candidates, for
              the dense row best on dev; lam tuned on dev.
 Trained rows use cross entropy over 1 positive + BM25 (InsuranceQA: listed) hard + random +
@@ -68,6 +76,7 @@ from bilinear_ir.studies.late_interaction import latency
 from bilinear_ir.studies.late_interaction import models
 from bilinear_ir.studies.late_interaction import rows as li_rows
 from bilinear_ir.studies.late_interaction import setting as setting_lib
+from bilinear_ir.train import finetune
 
 
 def validate(config) -> None:
@@ -97,6 +106,12 @@ def validate(config) -> None:
             field="rows")
   require("dot" in config.rows and "colbert" in config.rows, "must hold 'dot' and 'colbert': "
           "the baselines of the paired tests", field="rows")
+  for name in (n for n in config.rows if models.is_finetuned(config, n)):
+    cfg = models.row_finetune(config, name)
+    finetune.check_config(cfg)
+    validation.one_of(cfg.mode, ("two_tower",), "finetune.mode")
+    require(name not in config.distill.scorers, "must not name a fine-tuned row",
+            field="distill.scorers")
   used = {n for n in (*config.rows, *config.distill.scorers) if n in config.models}
   for name in sorted(used):  # traces each used scorer's setup (its checks) without computing
     module = models.row_model(config, name, 8)[0]

@@ -46,7 +46,9 @@ def markdown(results: dict[str, Any], config) -> str:
   cand = results["candidates"]
   tok = results["tokens"]
   alpha = config.stats.alpha
-  out = [f"# Late interaction on {results['collection']}: frozen encoder, re-ranking "
+  tuned = any(r.get("encoder") == "fine-tuned" for r in results["rows"])
+  out = [f"# Late interaction on {results['collection']}: frozen encoder"
+         f"{' (and rows fine-tuned with it)' if tuned else ''}, re-ranking "
          f"(LITE paper A.4 setting)\n\n",
          text.prose("late_interaction", "intro", test_queries=results["test_queries"],
                       bm25_depth=cand["bm25_depth"], random_docs=cand["random_docs"],
@@ -60,7 +62,8 @@ def markdown(results: dict[str, Any], config) -> str:
   table = []
   for r in (r for r in results["rows"] if r["n_train"] == top):
     trained = "no" if not r.get("trained") else (
-        "yes, kept ColBERT" if r.get("kept_colbert") else "yes")
+        "yes, kept ColBERT" if r.get("kept_colbert") else
+        f"fine-tuned, step {r['best_step']}" if r.get("encoder") == "fine-tuned" else "yes")
     table.append([r["row"] + (f" ({r['model']})" if r["row"] == "table" else ""), trained,
                   r.get("loss") or "-"]
                  + [r["metrics"][m] for m in measures + pool]
@@ -136,7 +139,21 @@ def findings(results: dict[str, Any], config) -> str:
                       value=best["metrics"][measure],
                       paired=text.fmt_paired(best.get("vs_table"), config.stats.alpha),
                       ratio=best["ms_1q_100d"] / tab["ms_1q_100d"]))
-  trained = [r for r in top if r.get("best_step") is not None and r["row"] != "table"]
+  tuned, measure = [r for r in top if r.get("encoder") == "fine-tuned"], results["measure"]
+  for r in tuned:  # in the paired tests' measure
+    f = r["finetune"]
+    lines.append(say("finetuned", row=r["row"], value=r["metrics"][measure], measure=measure,
+                     best=r["best_step"],
+                     steps=f["steps"], seconds=f["seconds"], device=f["device"],
+                     reindex=f["reindex_seconds"], docs=r["reindex_docs"],
+                     paired=text.fmt_paired(r.get("vs_dot"), config.stats.alpha)))
+  if "lite_ft" in rows and "colbert_ft" in rows:  # paper 004's claim in its own setting
+    lines.append(say("joint", lite=rows["lite_ft"]["metrics"][measure], measure=measure,
+                     colbert=rows["colbert_ft"]["metrics"][measure],
+                     paired=text.fmt_paired(rows["lite_ft"].get("vs_colbert_ft"),
+                                            config.stats.alpha)))
+  trained = [r for r in top if r.get("best_step") is not None and r["row"] != "table"
+             and r.get("encoder") != "fine-tuned"]
   last = [r["row"] for r in trained if r["best_step"] == config.train.steps]
   kept = [r["row"] for r in trained if r.get("kept_colbert")]
   if trained:

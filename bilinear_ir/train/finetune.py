@@ -22,6 +22,13 @@ The steps: `make_spec` (the static part of a step), `init_params`, `init_state`,
 `make_train_step(spec, mesh) -> step(state, batch) -> (state, metrics)` (jitted with
 NamedSharding: the batch split over the "data" axis, params replicated, the state donated),
 `batch_arrays` (a sampled `Batch` -> the step's arrays) and `loss` (the pure loss of a batch).
+
+The head (`finetune.head`): "dot" scores the pooled vectors by their dot product (the dual
+encoder, DE); any other name is a late-interaction scorer trained jointly with the encoder (a
+`scorers` module over token states, given to `make_spec` / `fit` as `head`: ColBERT, ME-BERT,
+separable LITE, ...): the params gain a "head" entry (its params, initialised from the seed) and
+the loss scores every query's token states against every candidate's with the head's `score_all`
+(`token_states`; two_tower only).
 """
 from __future__ import annotations
 
@@ -45,6 +52,8 @@ from bilinear_ir.data.batches import Batch, BatchSampler, TrainSet
 from bilinear_ir.encoders import layers
 from bilinear_ir.encoders.base import Encoder, pool
 from bilinear_ir.errors import require
+from bilinear_ir.scorers import registry
+from bilinear_ir.scorers.multivector import l2_normalize
 from bilinear_ir.train import losses
 from bilinear_ir.train.checkpoints import Checkpoints
 from bilinear_ir.train.trainer import data_mesh, make_optimizer
@@ -57,7 +66,9 @@ SIDES = ("query", "doc")
 
 class Spec(NamedTuple):
   """What a compiled train step depends on (hashable). `module` is the encoder's module (with
-  `remat` set as asked); the optimizer fields are `trainer.make_optimizer`'s."""
+  `remat` set as asked); the optimizer fields are `trainer.make_optimizer`'s; `head` is the
+  token scorer trained with the encoder (None: the dot product of pooled vectors) and `head_lr`
+  its params' peak learning rate (0: `lr`)."""
   module: nn.Module
   pooling: str
   normalize: bool
@@ -73,6 +84,8 @@ class Spec(NamedTuple):
   weight_decay: float
   clip_norm: float
   total_steps: int
+  head: nn.Module | None = None
+  head_lr: float = 0.0
 
 
 @dataclasses.dataclass
@@ -124,12 +137,16 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
   field("loss", cfg.loss != "corpus" or cfg.mode == "query_tower",
         "'mnrl' in two_tower mode (the corpus softmax needs frozen doc vectors)")
   field("compute_dtype", cfg.compute_dtype in COMPUTE_DTYPES, f"one of {COMPUTE_DTYPES}")
+  field("head", isinstance(cfg.head, str) and bool(cfg.head), "'dot' or a token scorer's name")
+  field("head", cfg.head == "dot" or cfg.mode == "two_tower",
+        "'dot' in query_tower mode (a token head scores the token states of both sides; the "
+        "frozen docs are pooled vectors)")
   for name in ("shared", "remat", "pack"):
     field(name, isinstance(cfg[name], bool), "true or false")
   number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
   for name in ("temperature", "lr"):
     field(name, number(cfg[name]) and cfg[name] > 0, "a number > 0")
-  for name in ("weight_decay", "end_lr_fraction", "clip_norm"):
+  for name in ("weight_decay", "end_lr_fraction", "clip_norm", "head_lr"):
     field(name, number(cfg[name]) and cfg[name] >= 0, "a number >= 0")
   for name, low in (("batch_size", 1), ("hard_negatives", 0), ("steps", 1), ("eval_every", 1),
                     ("max_length", 0), ("warmup_steps", 0), ("corpus_chunk", 1),
@@ -139,24 +156,33 @@ def check_config(cfg: ml_collections.ConfigDict) -> None:
 
 
 def make_spec(cfg: ml_collections.ConfigDict, encoder: Encoder, pooling: str,
-              normalize: bool) -> Spec:
-  """The `Spec` of the block `cfg` (checked) for `encoder`, pooled as given."""
+              normalize: bool, head: nn.Module | None = None) -> Spec:
+  """The `Spec` of the block `cfg` (checked) for `encoder`, pooled as given; `head`: the token
+  scorer `cfg.head` names (a `scorers` module over token states of width n), None for "dot"."""
   check_config(cfg)
+  require((head is None) == (cfg.head == "dot"), f"{cfg.head!r} needs its scorer module (and "
+          f"'dot' none); got {'none' if head is None else type(head).__name__}",
+          field="finetune.head")
   return Spec(module=encoder.module.clone(remat=bool(cfg.remat)), pooling=pooling,
               normalize=bool(normalize), mode=cfg.mode, loss=cfg.loss,
               temperature=float(cfg.temperature), compute_dtype=cfg.compute_dtype,
               corpus_chunk=int(cfg.corpus_chunk), pack=bool(cfg.pack), lr=float(cfg.lr),
               warmup_steps=int(cfg.warmup_steps), end_lr_fraction=float(cfg.end_lr_fraction),
               weight_decay=float(cfg.weight_decay), clip_norm=float(cfg.clip_norm),
-              total_steps=int(cfg.steps))
+              total_steps=int(cfg.steps), head=head, head_lr=float(cfg.head_lr))
 
 
-def init_params(encoder: Encoder, cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+def init_params(encoder: Encoder, cfg: ml_collections.ConfigDict,
+                head: nn.Module | None = None, seed: int = 0) -> dict[str, Any]:
   """Fresh copies of the encoder's params, one per trained tower: {"query"} (query_tower),
-  {"shared"} (two_tower, shared) or {"query", "doc"} (two_tower, two copies)."""
+  {"shared"} (two_tower, shared) or {"query", "doc"} (two_tower, two copies); with a token
+  `head`, also "head": its initial params (`registry.init_params`, key `seed`)."""
   towers = (("query",) if cfg.mode == "query_tower" else ("shared",) if cfg.shared
             else SIDES)
-  return {t: jax.tree.map(jnp.copy, encoder.params) for t in towers}
+  params = {t: jax.tree.map(jnp.copy, encoder.params) for t in towers}
+  if head is not None:
+    params["head"] = registry.init_params(head, jax.random.key(seed))
+  return params
 
 
 def side_params(params: dict[str, Any], side: str, encoder: Encoder) -> Any:
@@ -172,22 +198,49 @@ def side_params(params: dict[str, Any], side: str, encoder: Encoder) -> Any:
 def init_state(params: dict[str, Any], spec: Spec, mesh: jax.sharding.Mesh) -> dict[str, Any]:
   """{"params", "opt_state", "step"} replicated over `mesh` (float32 params and AdamW moments).
   `params` must not share buffers with anything kept: the train step donates the state."""
-  tx = make_optimizer(spec, spec.total_steps)
+  tx = optimizer(spec)
   state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
   return jax.device_put(state, NamedSharding(mesh, P()))
 
 
-def _pooled(spec: Spec, params: Any, batch: dict[str, jnp.ndarray], side: str) -> jnp.ndarray:
-  """One side's ("q" | "d") ids, mask [B, L] of `batch` -> [B, n] float32 pooled vectors; the
+def optimizer(spec: Spec) -> optax.GradientTransformation:
+  """`trainer.make_optimizer` of the spec; with a head whose `head_lr` is set, the head's params
+  ("head") get their own (the same schedule, peak `head_lr`; clipped on their own norm)."""
+  tx = make_optimizer(spec, spec.total_steps)
+  if spec.head is None or not spec.head_lr:
+    return tx
+  return optax.multi_transform(
+      {"encoder": tx, "head": make_optimizer(spec._replace(lr=spec.head_lr), spec.total_steps)},
+      lambda params: {k: "head" if k == "head" else "encoder" for k in params})
+
+
+def _hidden(spec: Spec, params: Any, batch: dict[str, jnp.ndarray], side: str) -> jnp.ndarray:
+  """One side's ("q" | "d") ids, mask [B, L] of `batch` -> [B, L, n] float32 token states; the
   forward pass in `spec.compute_dtype` (a cast of the float32 params: the gradient reaches
-  them in float32), padding-free with `spec.pack` (the side's "rows" [T], "slots" [B, L])."""
+  them in float32), padding-free with `spec.pack` (the side's "rows" [T], "slots" [B, L]: zeros
+  on padding)."""
   if spec.compute_dtype == "bfloat16":
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
   ids, mask = batch[f"{side}_ids"], batch[f"{side}_mask"]
   packed = (layers.Packing(batch[f"{side}_rows"], batch[f"{side}_slots"]) if spec.pack
             else None)
-  hidden = spec.module.apply({"params": params}, ids, mask, packed)  # [B, L, n]
-  return pool(hidden.astype(jnp.float32), mask, spec.pooling, spec.normalize)
+  return spec.module.apply({"params": params}, ids, mask, packed).astype(jnp.float32)
+
+
+def _pooled(spec: Spec, params: Any, batch: dict[str, jnp.ndarray], side: str) -> jnp.ndarray:
+  """One side's [B, n] float32 pooled vectors (`_hidden`, pooled as the spec says)."""
+  return pool(_hidden(spec, params, batch, side), batch[f"{side}_mask"], spec.pooling,
+              spec.normalize)
+
+
+def token_states(spec: Spec, params: Any, batch: dict[str, jnp.ndarray], side: str
+                 ) -> jnp.ndarray:
+  """One side's [B, L, n] float32 token states as the token cache holds them
+  (`data.embeddings.run_model` with tokens): zero at padding, each L2-normalised when
+  `spec.normalize` (`l2_normalize`: a finite gradient at the zero padding vectors)."""
+  mask = batch[f"{side}_mask"].astype(jnp.float32)[..., None]
+  hidden = _hidden(spec, params, batch, side) * mask
+  return l2_normalize(hidden) if spec.normalize else hidden
 
 
 def loss(spec: Spec, params: dict[str, Any], batch: dict[str, jnp.ndarray]) -> jnp.ndarray:
@@ -199,10 +252,19 @@ def loss(spec: Spec, params: dict[str, Any], batch: dict[str, jnp.ndarray]) -> j
     batch: `batch_arrays`' dict: "q_ids", "q_mask" [B, Lq]; query_tower "docs" [C, n] frozen
       vectors, two_tower "d_ids", "d_mask" [C, Ld]; with `spec.pack` each side's `Packing`
       ("q_rows" [Tq], "q_slots" [B, Lq]; "d_rows" [Td], "d_slots" [C, Ld]); "mnrl": "mask"
-      [B, C] (False: not a
-      negative of that query); "corpus": "relevant" [B, R] doc rows (-1 padded) and "corpus"
+      [B, C] (False: not a negative of that query); "corpus": "relevant" [B, R] doc rows (-1 padded) and "corpus"
       [N, n], with C = B (each query's positive).
+    With a token head (two_tower, mnrl): the head's `score_all` of the queries' token states
+    against the candidates' ([B, C]) in the same masked softmax cross-entropy.
   """
+  if spec.head is not None:
+    q = token_states(spec, side_params(params, "query", None), batch, "q")
+    d = token_states(spec, side_params(params, "doc", None), batch, "d")
+    q_mask, d_mask = batch["q_mask"].astype(bool), batch["d_mask"].astype(bool)
+    scores = spec.head.apply({"params": params["head"]}, q, q_mask, d, d_mask,
+                             method=spec.head.score_all)  # [B, C]
+    return losses.softmax_cross_entropy(scores, jnp.arange(q.shape[0]), batch["mask"],
+                                        spec.temperature)
   q = _pooled(spec, side_params(params, "query", None), batch, "q")
   if spec.mode == "query_tower":
     docs = batch["docs"]  # [C, n]
@@ -274,7 +336,7 @@ def make_train_step(spec: Spec, mesh: jax.sharding.Mesh | None = None
 def _train_step(spec: Spec, mesh: jax.sharding.Mesh):
   repl, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
   batch_sh = {k: repl if k == "corpus" else split for k in batch_keys(spec)}
-  tx = make_optimizer(spec, spec.total_steps)
+  tx = optimizer(spec)
 
   def step(state, batch):
     value, grads = jax.value_and_grad(lambda p: loss(spec, p, batch))(state["params"])
@@ -290,7 +352,7 @@ def _train_step(spec: Spec, mesh: jax.sharding.Mesh):
 def fit(encoder: Encoder, data: FinetuneData, cfg: ml_collections.ConfigDict, seed: int,
         evaluate: Callable[[dict[str, Any]], float] | None = None,
         checkpoint_dir: str | None = None, stop_after: int | None = None,
-        mesh: jax.sharding.Mesh | None = None) -> FinetuneResult:
+        mesh: jax.sharding.Mesh | None = None, head: nn.Module | None = None) -> FinetuneResult:
   """Fine-tunes `encoder` for `cfg.steps` steps and returns the params best on dev.
 
   Args:
@@ -304,8 +366,10 @@ def fit(encoder: Encoder, data: FinetuneData, cfg: ml_collections.ConfigDict, se
       uninterrupted run: batches depend on the step only).
     stop_after: stop once this step is done, as if killed there (tests of resumption).
     mesh: the data mesh (default `trainer.data_mesh()`, every device).
+    head: the token scorer `cfg.head` names (None for "dot"); its params ("head" of the
+      returned params) start from `registry.init_params` with key `seed`.
   """
-  spec = make_spec(cfg, encoder, data.pooling, data.normalize)
+  spec = make_spec(cfg, encoder, data.pooling, data.normalize, head)
   mesh = data_mesh() if mesh is None else mesh
   ndev, corpus = mesh.devices.size, cfg.loss == "corpus"
   require(cfg.batch_size % ndev == 0, f"must be a multiple of the {ndev} devices, got "
@@ -321,7 +385,7 @@ def fit(encoder: Encoder, data: FinetuneData, cfg: ml_collections.ConfigDict, se
   repl = NamedSharding(mesh, P())
   frozen = {"corpus": jax.device_put(np.asarray(data.doc_vectors, np.float32), repl)
             } if corpus else {}
-  state = init_state(init_params(encoder, cfg), spec, mesh)
+  state = init_state(init_params(encoder, cfg, head, seed), spec, mesh)
   best = {"params": jax.tree.map(jnp.copy, state["params"])}
   record = {"step": 0, "best_step": 0, "best_metric": None, "history": [], "seconds": 0.0}
   ckpt = None

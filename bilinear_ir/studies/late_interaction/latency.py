@@ -21,6 +21,16 @@ def latency_inputs(setting: Setting, docs: int) -> tuple:
   d, dm = setting.token_docs
   return (jnp.asarray(q), jnp.asarray(qm), jnp.asarray(d[rows]), jnp.asarray(dm[rows]), rows)
 
+def token_call(module, scorer: str, params: Any, lat: tuple, dtype
+               ) -> tuple[Callable[[], Any], int, int]:
+  """A token row's timed call on `lat` (`latency_inputs`) stored in `dtype` (`timing.mebert_case`
+  for ME-BERT, else `timing.late_case` over all K docs in one chunk): (call, vectors per doc,
+  width)."""
+  q, qm, d, dm, _ = lat
+  case = timing.mebert_case if scorer == "mebert" else timing.late_case
+  lat_module = module if scorer == "mebert" else module.clone(doc_chunk=int(d.shape[0]))
+  return case(lat_module, params, q, qm, d, dm, dtype)
+
 def time_in_turn(calls: dict[str, Callable[[], Any]], rounds: int, repeats: int
                  ) -> dict[str, float]:
   """{label: ms}: every call timed `repeats` times (`timing.timed`) in turn, `rounds`

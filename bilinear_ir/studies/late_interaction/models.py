@@ -1,5 +1,7 @@
 """A late-interaction row's scorer and training: `config.models[name]` and
-`config.train_overrides[name]` over `config.train`."""
+`config.train_overrides[name]` over `config.train`; a model with a "finetune" entry is a
+fine-tuned row (`is_finetuned`): its scorer ("dot" too) is trained jointly with the encoder by
+`config.finetune` with the entry's changes (`row_finetune`)."""
 from __future__ import annotations
 
 import copy
@@ -11,15 +13,19 @@ from bilinear_ir import scorers
 from bilinear_ir.errors import require
 
 TOKEN_SCORERS = ("colbert", "mebert", "lite", "lite_flat", "knrm")
+FINETUNE_KEY = "finetune"  # a model's changes to `config.finetune`: a fine-tuned row
 
 
 def _model_kwargs(config, name: str) -> dict[str, Any]:
-  """Registry name and options of row `name` (`config.models[name]`)."""
+  """Registry name and options of row `name` (`config.models[name]`; "dot" only for a
+  fine-tuned row, which compares pooled vectors)."""
   opts = dict(config.models[name].to_dict())
   scorer = opts.pop("scorer")
-  require(scorer in TOKEN_SCORERS, f"must be one of {TOKEN_SCORERS}, got {scorer!r}",
+  allowed = TOKEN_SCORERS + (("dot",) if opts.pop(FINETUNE_KEY, None) is not None else ())
+  require(scorer in allowed, f"must be one of {allowed}, got {scorer!r}",
           field=f"models.{name}.scorer")
-  opts.update(query_len=int(config.encoder.query_max_length), doc_len=doc_len(config))
+  if scorer != "dot":
+    opts.update(query_len=int(config.encoder.query_max_length), doc_len=doc_len(config))
   return {"name": scorer, **opts}
 
 def doc_len(config) -> int:
@@ -37,4 +43,19 @@ def row_train(config, name: str) -> ml_collections.ConfigDict:
   c = copy.deepcopy(config.train)
   for key, value in config.train_overrides.get(name, {}).items():
     c[key] = value
+  return c
+
+def is_finetuned(config, name: str) -> bool:
+  """Whether row `name` is a model fine-tuned with the encoder (its entry has "finetune")."""
+  return name in config.models and FINETUNE_KEY in config.models[name]
+
+def row_finetune(config, name: str) -> ml_collections.ConfigDict:
+  """`config.finetune` with the changes of `config.models[name].finetune`, its head "dot" for a
+  dot scorer, else `name` (the row's own scorer, `row_model`)."""
+  c = copy.deepcopy(config.finetune)
+  for key, value in config.models[name][FINETUNE_KEY].items():
+    require(key in c, f"unknown field {key!r} of the finetune block",
+            field=f"models.{name}.{FINETUNE_KEY}")
+    c[key] = value
+  c.head = "dot" if config.models[name].scorer == "dot" else name
   return c

@@ -24,7 +24,9 @@ from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.scorers import multivector
+from bilinear_ir.studies.late_interaction import finetuned
 from bilinear_ir.studies.late_interaction import hybrid as li_hybrid
+from bilinear_ir.studies.late_interaction import latency
 from bilinear_ir.studies.late_interaction import models
 from bilinear_ir.studies.late_interaction import teachers as li_teachers
 from bilinear_ir.studies.late_interaction.setting import SPLITS
@@ -56,10 +58,7 @@ def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple
                 skipped_steps=fit.skipped_steps,
                 params=int(sum(np.size(x) for x in jax.tree.leaves(params))),
                 train_seconds=round(time.perf_counter() - started, 1))
-  q, qm, d, dm, _ = lat
-  case = timing.mebert_case if scorer == "mebert" else timing.late_case
-  lat_module = module if scorer == "mebert" else module.clone(doc_chunk=int(d.shape[0]))
-  fn, n_vec, width = case(lat_module, params, q, qm, d, dm, dtype)
+  fn, n_vec, width = latency.token_call(module, scorer, params, lat, dtype)
   scored = setting.score(setting.eval_module(module), params, setting.token_queries,
                          setting.token_docs, fn, (n_vec, width))
   return scored, info
@@ -191,6 +190,11 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar,
       fn, n_vec, width = timing.de_case(q, qm, prepared.embeddings.docs[docs], dtype)
       add("dot", "dot", setting.score(dot, {}, setting.pooled_queries, prepared.embeddings.docs,
                                       fn, (n_vec, width)), trained=False, loss=None, teacher=None)
+    elif models.is_finetuned(config, name):
+      scored, info = finetuned.finetune_row(setting, config, name, lat, dtype, n_train, workdir)
+      add(name, info.pop("scorer"), scored, encoder="fine-tuned",
+          loss=models.row_finetune(config, name).loss,
+          teacher=None, **info)
     elif name == "table":
       scored, info = table_row(setting, config, lat, dtype, n_train, workdir)
       add("table", info.pop("scorer"), scored, loss=config.table.train.loss, teacher=None,
@@ -248,10 +252,13 @@ def _hybrid_row(setting: Setting, config, rows: list[dict[str, Any]],
 
 def compare_rows(rows: list[dict[str, Any]], config) -> None:
   """`row["vs_colbert"]` and `row["vs_dot"]`: each row against the untrained ColBERT row and
-  the dot row of the same n, and `row["vs_table"]` against the "table" row where the table has
-  one, paired over the test queries (`row["per_query"]`, `eval.stats.paired`); each baseline's
-  comparisons, over every row and n of the table, are one Holm family
-  (`experiment.compare.against_baselines`)."""
-  table = ("table",) if any(r["row"] == "table" for r in rows) else ()
+  the dot row of the same n, `row["vs_table"]` against the "table" row where the table has
+  one, and `row["vs_<name>"]` against each fine-tuned row (`models.is_finetuned`: so the
+  fine-tuned rows are compared with each other too), paired over the test queries
+  (`row["per_query"]`, `eval.stats.paired`); each baseline's comparisons, over every row and n
+  of the table, are one Holm family (`experiment.compare.against_baselines`)."""
+  names = list(dict.fromkeys(r["row"] for r in rows))
+  table = ("table",) if "table" in names else ()
+  tuned = tuple(n for n in names if models.is_finetuned(config, n))
   compare.against_baselines(rows, [r["per_query"] for r in rows], ("n_train",), config,
-                            name="row", baselines=("colbert", "dot") + table)
+                            name="row", baselines=("colbert", "dot") + table + tuned)

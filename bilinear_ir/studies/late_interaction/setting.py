@@ -16,6 +16,7 @@ import numpy as np
 
 from bilinear_ir.data import embeddings as embeddings_lib
 from bilinear_ir.data import pipeline
+from bilinear_ir.errors import require
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.retrieval import candidates as candidates_lib
 from bilinear_ir.retrieval import ranking
@@ -103,37 +104,52 @@ class Setting:
     return module
 
   def rerank(self, split: str, module, params, feats: Callable[[np.ndarray], Any], d_feats: Any,
-             measures: tuple[str, ...] | None = None) -> tuple[tuple, dict[str, Any]]:
+             measures: tuple[str, ...] | None = None, doc_rows: np.ndarray | None = None
+             ) -> tuple[tuple, dict[str, Any]]:
     """((idx, scores) [Q_s, K] sorted, metrics) of `split`'s candidates re-ranked by
-    (module, params); `feats`: query rows [Q] -> query features, `d_feats`: [N, ...]."""
-    idx, scores = ranking.rerank(module, params, feats(self.rows[split]), d_feats,
-                                 self.cands[split])
+    (module, params); `feats`: query rows [Q] -> query features, `d_feats`: [N, ...], or with
+    `doc_rows` (ascending doc rows [U] holding every candidate) the features of those docs only,
+    [U, ...] (e.g. re-encoded by a fine-tuned encoder): the same ranking as from all N."""
+    idx, scores = _rerank_rows(module, params, feats(self.rows[split]), d_feats,
+                               self.cands[split], doc_rows)
     return (idx, scores), self.evaluate(split, idx, scores, measures)
 
   def score(self, module, params, feats: Callable[[np.ndarray], Any], d_feats: Any,
             latency_fn: Callable[[], Any] | None = None,
-            stored: tuple[int, int] | None = None) -> Scored:
+            stored: tuple[int, int] | None = None, doc_rows: np.ndarray | None = None) -> Scored:
     """Re-ranks the dev and test candidates with (module, params) and evaluates them
-    (`latency_fn`, `stored`: kept in the result, see `Scored`); with `pools`, also each test
-    query's own pool (`pool_scores`), its P@1 as the test metric "p_at_1_pool"."""
+    (`latency_fn`, `stored`: kept in the result, see `Scored`; `doc_rows`: as `rerank`, holding
+    every candidate and pool doc, `candidate_rows`); with `pools`, also each test query's own
+    pool (`pool_scores`), its P@1 as the test metric "p_at_1_pool"."""
     run, metrics = {}, {}
     for split in SPLITS:
-      run[split], metrics[split] = self.rerank(split, module, params, feats, d_feats)
+      run[split], metrics[split] = self.rerank(split, module, params, feats, d_feats,
+                                               doc_rows=doc_rows)
     pool = None
     if self.pools is not None:
-      pool = self.pool_scores(module, params, feats, d_feats)
+      pool = self.pool_scores(module, params, feats, d_feats, doc_rows)
       metrics["test"]["mean"]["p_at_1_pool"] = evaluate.PoolEvaluator(
           self.prepared, self.split("test"), self.pools)(1.0, pool_scores=pool)["mean"]
     return Scored(run, metrics["dev"]["mean"], metrics["test"], latency_fn, stored, pool)
 
-  def pool_scores(self, module, params, feats: Callable[[np.ndarray], Any], d_feats: Any
-                  ) -> np.ndarray:
+  def pool_scores(self, module, params, feats: Callable[[np.ndarray], Any], d_feats: Any,
+                  doc_rows: np.ndarray | None = None) -> np.ndarray:
     """[Q_test, M] scores of each test query's own pool (`pools`, -inf on padding), in pool
     order: re-ranked by the code that re-ranks the candidates (`retrieval.ranking.rerank`), then
-    put back in the pool's ascending doc-row order."""
-    idx, scores = ranking.rerank(module, params, feats(self.rows["test"]), d_feats, self.pools)
+    put back in the pool's ascending doc-row order (`doc_rows`: as `rerank`)."""
+    idx, scores = _rerank_rows(module, params, feats(self.rows["test"]), d_feats, self.pools,
+                               doc_rows)
     order = np.argsort(np.where(idx < 0, np.iinfo(np.int64).max, idx), axis=1, kind="stable")
     return np.take_along_axis(scores, order, 1)
+
+  def candidate_rows(self, splits: tuple[str, ...] = SPLITS) -> np.ndarray:
+    """[U] ascending doc rows of every candidate of `splits` (and, with "test", of every test
+    pool): the docs a re-ranking of those splits reads."""
+    parts = [self.cands[s].ravel() for s in splits]
+    if "test" in splits and self.pools is not None:
+      parts.append(self.pools.ravel())
+    rows = np.unique(np.concatenate(parts))
+    return rows[rows >= 0]
 
   def describe(self, rerank_cfg, query_len: int, doc_len: int) -> dict[str, Any]:
     """The setting as results state it: {"candidates": how they were drawn and the share of
@@ -158,6 +174,20 @@ class Setting:
                    "pooled_max_length": self.prepared.embeddings.manifest["settings"]["max_length"],
                    "dim": int(self.tokens.docs.shape[-1]),
                    "doc_tokens_truncated": float(np.mean(self.tokens.doc_mask[:, -1]))}}
+
+def _rerank_rows(module, params, q_feats: Any, d_feats: Any, cands: np.ndarray,
+                 doc_rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+  """`retrieval.ranking.rerank` of candidates [Q, K] (doc rows, -1 = none) whose features are
+  `d_feats` [N, ...], or [U, ...] of the ascending `doc_rows` [U] only: the candidates are looked
+  up there and the sorted idx [Q, K] mapped back to doc rows (ties still break by doc row: the
+  lookup keeps the order)."""
+  if doc_rows is None:
+    return ranking.rerank(module, params, q_feats, d_feats, cands)
+  pos = np.searchsorted(doc_rows, np.maximum(cands, 0))
+  require(bool(np.all((cands < 0) | (doc_rows[np.minimum(pos, len(doc_rows) - 1)] == cands))),
+          "a candidate is not among the re-encoded docs", field="doc_rows")
+  idx, scores = ranking.rerank(module, params, q_feats, d_feats, np.where(cands < 0, -1, pos))
+  return np.where(idx < 0, -1, doc_rows[np.maximum(idx, 0)]), scores
 
 def build_setting(config: ml_collections.ConfigDict,
                   data: ml_collections.ConfigDict | None = None) -> Setting:
