@@ -105,7 +105,8 @@ def test_rows_are_compared_with_colbert_and_dot_of_their_own_n_holm_per_baseline
   rows = [{"row": name, "n_train": n, "per_query": dict(zip(qids, rng.random(12) + shift))}
           for n in (5, 30) for name, shift in (("dot", 0.0), ("colbert", 0.1), ("lite", 0.3),
                                                ("hybrid (lite + BM25)", 0.4))]
-  config = ml_collections.ConfigDict({"seed": 0, "stats": blocks.stats_config()})
+  # the job's config: `models` names no fine-tuned row here (those are baselines too)
+  config = ml_collections.ConfigDict({"seed": 0, "stats": blocks.stats_config(), "models": {}})
   config.stats.resamples = 500
   li_rows.compare_rows(rows, config)
   at = {(r["row"], r["n_train"]): r for r in rows}
