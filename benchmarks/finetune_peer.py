@@ -18,8 +18,8 @@ dropout (the project's encoders have none: the peer's is set to 0).
   * project: `train.finetune.fit` (mode two_tower, shared, loss mnrl): one jitted step over the
     jax devices; each batch cut to its longest text (rounded up to a power of two) and, with
     `--pack` (the default), padding-free: the Transformer layers run on the batch's real tokens
-    only (`encoders.layers.Packing`), attention on the padded batch; the same loss and
-    gradients. One warm-up run first (it compiles the step for every batch shape of the run),
+    only (`encoders.layers.Packing`), attention in two halves (the batch's shorter half at its
+    own width, the rest at the batch's); the same loss and gradients. One warm-up run first (it compiles the step for every batch shape of the run),
     then the timed run.
   * peer: `SentenceTransformerTrainer` with `MultipleNegativesRankingLoss(scale=20)` on torch
     (CUDA when present, else the CPU with `torch.get_num_threads()` threads), the triplets fed

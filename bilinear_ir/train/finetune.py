@@ -222,8 +222,8 @@ def _hidden(spec: Spec, params: Any, batch: dict[str, jnp.ndarray], side: str) -
   if spec.compute_dtype == "bfloat16":
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
   ids, mask = batch[f"{side}_ids"], batch[f"{side}_mask"]
-  packed = (layers.Packing(batch[f"{side}_rows"], batch[f"{side}_slots"]) if spec.pack
-            else None)
+  packed = (layers.Packing(*(batch[f"{side}_{f}"] for f in layers.Packing._fields))
+            if spec.pack else None)
   return spec.module.apply({"params": params}, ids, mask, packed).astype(jnp.float32)
 
 
@@ -251,7 +251,8 @@ def loss(spec: Spec, params: dict[str, Any], batch: dict[str, jnp.ndarray]) -> j
     params: the trained towers (`init_params`).
     batch: `batch_arrays`' dict: "q_ids", "q_mask" [B, Lq]; query_tower "docs" [C, n] frozen
       vectors, two_tower "d_ids", "d_mask" [C, Ld]; with `spec.pack` each side's `Packing`
-      ("q_rows" [Tq], "q_slots" [B, Lq]; "d_rows" [Td], "d_slots" [C, Ld]); "mnrl": "mask"
+      (`layers.Packing`'s fields: "q_rows" [Tq], "q_slots" [B, Lq], "q_short", "q_long",
+      "q_half_rows"; the same for "d" with C, Ld, Td); "mnrl": "mask"
       [B, C] (False: not a negative of that query); "corpus": "relevant" [B, R] doc rows (-1 padded) and "corpus"
       [N, n], with C = B (each query's positive).
     With a token head (two_tower, mnrl): the head's `score_all` of the queries' token states
@@ -282,18 +283,9 @@ def batch_keys(spec: Spec) -> tuple[str, ...]:
   """The arrays a step's batch holds (`loss`)."""
   sides = ("q",) if spec.mode == "query_tower" else ("q", "d")
   tokens = [f"{s}_{k}" for s in sides
-            for k in ("ids", "mask", *(("rows", "slots") if spec.pack else ()))]
+            for k in ("ids", "mask", *(layers.Packing._fields if spec.pack else ()))]
   return (*tokens, *(("docs",) if spec.mode == "query_tower" else ()),
           *(("relevant", "corpus") if spec.loss == "corpus" else ("mask",)))
-
-
-def trimmed_width(mask: np.ndarray) -> int:
-  """The width a batch's tokens [B, L] are cut to: its longest row rounded up to a power of two
-  (at least 16, at most L), as a per-batch padding would, in a few compiled shapes."""
-  longest, width = int(np.max(np.sum(mask != 0, axis=1), initial=1)), 16
-  while width < longest:
-    width *= 2
-  return min(width, mask.shape[1])
 
 
 def batch_arrays(spec: Spec, data: FinetuneData, b: Batch, devices: int = 1
@@ -303,12 +295,12 @@ def batch_arrays(spec: Spec, data: FinetuneData, b: Batch, devices: int = 1
   `devices`, the data mesh's size)."""
   def side(name: str, tokens: tuple[np.ndarray, np.ndarray], rows: np.ndarray) -> None:
     mask = tokens[1][rows]
-    width = trimmed_width(mask)
+    width = layers.trimmed_width(mask)
     out[f"{name}_ids"], out[f"{name}_mask"] = tokens[0][rows, :width], mask[:, :width]
     if spec.pack:
       real = int(np.sum(out[f"{name}_mask"] != 0))
-      out[f"{name}_rows"], out[f"{name}_slots"] = layers.packing(
-          out[f"{name}_mask"], layers.packed_rows(real, devices))
+      packed = layers.packing(out[f"{name}_mask"], layers.packed_rows(real, devices))
+      out.update({f"{name}_{f}": a for f, a in zip(layers.Packing._fields, packed)})
 
   out = {}
   side("q", data.queries, b.q_rows)
@@ -327,7 +319,8 @@ def make_train_step(spec: Spec, mesh: jax.sharding.Mesh | None = None
                     ) -> Callable[[dict, dict], tuple[dict, dict]]:
   """The jitted `step(state, batch) -> (state, {"loss", "grad_norm"})` over `mesh` (default
   `trainer.data_mesh()`): every batch array split on "data" along its first axis (B or C, a
-  multiple of the device count) but "corpus" (replicated); the state replicated and donated.
+  multiple of the device count) but "corpus" and the packings' attention halves (replicated:
+  B / 2 rows need not split); the state replicated and donated.
   One per (spec, mesh) per process, so fits that differ in seed or data compile once."""
   return _train_step(spec, data_mesh() if mesh is None else mesh)
 
@@ -335,7 +328,8 @@ def make_train_step(spec: Spec, mesh: jax.sharding.Mesh | None = None
 @functools.lru_cache(maxsize=8)
 def _train_step(spec: Spec, mesh: jax.sharding.Mesh):
   repl, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-  batch_sh = {k: repl if k == "corpus" else split for k in batch_keys(spec)}
+  batch_sh = {k: repl if k == "corpus" or k.endswith(("_short", "_long")) else split
+              for k in batch_keys(spec)}
   tx = optimizer(spec)
 
   def step(state, batch):

@@ -153,18 +153,21 @@ def test_one_step_on_eight_devices_equals_one_device(setup):
   # AdamW's first step moves each param by lr * g / (|g| + 1e-8), about lr * sign(g), which
   # magnifies the relative rounding of a small gradient. The attention key bias has a gradient
   # that is float32 noise around 0 (softmax ignores a constant shift of a row): it may move by
-  # anything up to lr either way (2 lr apart; measured 2.5e-4). Every other param agrees to
-  # 1e-2 lr (measured: 7e-6 on one kernel entry, <= 1e-6 elsewhere), where it moved by ~lr.
+  # anything up to lr either way (2 lr apart; measured 2.5e-4). Every other param that moved by
+  # ~lr (|g| >> 1e-8) agrees to 1e-2 lr (measured <= 1e-3 lr); an entry whose gradient is
+  # within a few 1e-8 (it moved by < 0.9 lr) agrees to 5e-2 lr (measured 1.2e-2 lr: a doc-side
+  # attention kernel entry with |g| ~ 3e-8).
   lr = cfg.lr
   for path, a in jax.tree_util.tree_leaves_with_path(one["params"]):
     b, start = eight["params"], before["params"]
     for k in path:
       b, start = b[k.key], start[k.key]
-    diff = np.abs(a - b)
+    diff, sign_like = np.abs(a - b), np.abs(start - a) >= 0.9 * lr
     if path[-2:] == (jax.tree_util.DictKey("qkv"), jax.tree_util.DictKey("bias")):
       assert diff[1].max() <= 2 * lr + 1e-7, path
-      diff = diff[[0, 2]]  # query and value biases
-    assert diff.max() <= 1e-2 * lr, (path, diff.max())
+      diff, sign_like = diff[[0, 2]], sign_like[[0, 2]]  # query and value biases
+    assert diff[sign_like].max(initial=0) <= 1e-2 * lr, (path, diff.max())
+    assert diff.max() <= 5e-2 * lr, (path, diff.max())
   moved = np.concatenate([np.abs(a - b).ravel() for a, b in zip(
       jax.tree.leaves(one["params"]), jax.tree.leaves(before["params"]))])
   assert np.mean(moved > 0.9 * lr) > 0.5  # the step did move the params
