@@ -54,6 +54,7 @@ import time
 import jax
 import numpy as np
 
+from bilinear_ir import allocator
 from bilinear_ir import timing
 from bilinear_ir.config import blocks
 from bilinear_ir.data import batches
@@ -75,7 +76,10 @@ def parse(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--collection", default="scifact",
                  help="scifact | insuranceqa | a BEIR folder or zip with a train split")
-  p.add_argument("--model", default="all-MiniLM-L6-v2", help="the encoder both sides start from")
+  p.add_argument("--data_path", default="",
+                 help="insuranceqa: a folder of the package's files (launch/pack_device_inputs.py)")
+  p.add_argument("--model", default="all-MiniLM-L6-v2",
+                 help="the encoder both sides start from (a name or a model folder)")
   p.add_argument("--steps", type=int, default=4)
   p.add_argument("--batch_size", type=int, default=16)
   p.add_argument("--lr", type=float, default=5e-5)
@@ -106,7 +110,9 @@ class Work:
 def prepare(args) -> Work:
   """Loads the collection and draws the triplets of every step (`BatchSampler`, one hard
   negative per query)."""
-  data_cfg = spec_lib.collection_block(blocks.data_config(), args.collection)
+  data_cfg = blocks.data_config()
+  data_cfg.path = args.data_path
+  data_cfg = spec_lib.collection_block(data_cfg, args.collection)
   coll = loaders.load(data_cfg)
   splitset = pipeline.splits(coll, data_cfg, args.seed)[0]
   encoder = names.load_encoder(args.model)
@@ -237,7 +243,9 @@ def peer(work: Work, args) -> dict:
   mods = [body, models.Pooling(work.encoder.hidden_size, work.settings["pooling"])]
   if work.settings["normalize"]:
     mods.append(models.Normalize())
-  model = SentenceTransformer(modules=mods, device=device)
+  # float32 on both sides (the project reads a float16 model folder, as
+  # launch/pack_device_inputs.py writes, as float32; transformers would keep float16).
+  model = SentenceTransformer(modules=mods, device=device).float()
   loss = losses.MultipleNegativesRankingLoss(model, scale=20.0, similarity_fct=(
       util.cos_sim if work.settings["normalize"] else util.dot_score))
   train = datasets.Dataset.from_dict(dict(zip(("anchor", "positive", "negative"),
@@ -281,6 +289,7 @@ def peer(work: Work, args) -> dict:
 
 def main(argv=None) -> dict:
   args = parse(argv)
+  allocator.keep_freed_memory()  # as the project's binary does (bilinear_ir.allocator)
   work = prepare(args)
   with tempfile.TemporaryDirectory() as tmp:
     ours = project(work, args, args.cache_dir or tmp)

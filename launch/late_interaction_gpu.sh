@@ -33,48 +33,20 @@ END=$((SECONDS + BUDGET_S))
 mkdir -p "${OUT}" "${WORK}"
 export PYTHONUNBUFFERED=1
 
-if ! "${PYTHON}" -c "import ml_collections, pytrec_eval" 2>/dev/null; then
-  "${PYTHON}" -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-export PYTHONPATH=.:${PYTHONPATH:-}
+source launch/budget_runs.sh
+carried_python_path || exit 1
 
 CURVE_ROWS=${CURVE_ROWS:-"'dot','colbert','colbert_proj','mebert','lite_small','lite_flat','knrm'"}
 COMMON=(--config.data.path="${DATA}" --config.encoder.model="${MODEL}"
         --config.encoder.cache_dir="${WORK}/cache" --config.train.eval_every="${EVAL_EVERY}"
         --workdir="${WORK}/job")
 
-# run NAME ARGS...: the job under what is left of the budget (SIGTERM: it keeps its last
-# checkpoint); its log, results and plot go to $OUT as NAME.* (and to $WORK/done: a rerun
-# finds a finished run there and only copies it).
+# run NAME ARGS...: the job with ARGS under what is left of the budget (`budget_run`; its
+# workdir is the same for both runs: the full run resumes the curve's checkpoints).
 run() {
-  local name=$1 left rc f
+  local name=$1
   shift
-  mkdir -p "${WORK}/done"
-  if [[ -f "${WORK}/done/${name}.json" ]]; then
-    echo "${name}: finished by an earlier call" | tee -a "${OUT}/${name}.log"
-    cp "${WORK}/done/${name}".* "${OUT}/"
-    return 0
-  fi
-  left=$((END - SECONDS))
-  if ((left < 30)); then
-    echo "${name}: skipped, ${left} s of the budget left" | tee -a "${OUT}/${name}.log"
-    return 124
-  fi
-  echo "${name}: start with ${left} s left" | tee -a "${OUT}/${name}.log"
-  timeout --signal=TERM --kill-after=20 "$((left - 10))" "${PYTHON}" -m bilinear_ir.main "$@" \
-    "${COMMON[@]}" 2>&1 | tee -a "${OUT}/${name}.log"
-  rc=${PIPESTATUS[0]}
-  echo "${name}: rc ${rc} at ${SECONDS} s" | tee -a "${OUT}/${name}.log"
-  if ((rc == 0)); then
-    if [[ -f "${WORK}/job/late_interaction_curve.png" ]]; then
-      mv "${WORK}/job/late_interaction_curve.png" "${WORK}/done/${name}.png"
-    fi
-    cp "${WORK}/job/results.md" "${WORK}/done/${name}.md"
-    cp "${WORK}/job/results.json" "${WORK}/done/${name}.json"  # last: it marks the run done
-    for f in "${WORK}/done/${name}".*; do cp "${f}" "${OUT}/"; done
-  fi
-  return "${rc}"
+  budget_run "${name}" "${WORK}/job" "${PYTHON}" -m bilinear_ir.main "$@" "${COMMON[@]}"
 }
 
 CONFIG="configs/late_interaction.py:collection=insuranceqa,steps=${STEPS}"
