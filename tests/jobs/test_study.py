@@ -1,5 +1,5 @@
 """The `study` job on two tiny collections: one with its own train / test split, one test-only
-(cross-validated), the frozen all-MiniLM-L6-v2 "mean" embedding, a few training steps."""
+(cross-validated), the "mean" embedding of a tiny random BERT (conftest), a few training steps."""
 import copy
 import types
 
@@ -19,11 +19,11 @@ from conftest import get_config, write_beir
 
 
 
-def _config(collections, cache):
+def _config(collections, cache, bert):
   c = get_config("study", f"collections={'+'.join(collections)},embeddings=mean,seeds=0+1,folds=3,"
                         "ranks=4,ict_rows=bilinear")
   c.train.steps, c.train.eval_every, c.train.batch_size = 12, 6, 8
-  c.encoder.max_length, c.encoder.cache_dir = 32, str(cache)
+  c.encoder.model, c.encoder.max_length, c.encoder.cache_dir = bert, 32, str(cache)
   c.stats.resamples = 500
   c.train.ict.dev_docs = 6
   c.hybrid.depth = 10
@@ -31,12 +31,14 @@ def _config(collections, cache):
 
 
 @pytest.fixture(scope="module")
-def study_run(tmp_path_factory):
+def study_run(tmp_path_factory, tiny_bert_dir):
   root = tmp_path_factory.mktemp("study")
-  split = write_beir(str(root / "split"), num_docs=40, num_queries=24, seed=1)
+  # As many docs as the test-only collection, and as many training queries (10 - 2 for dev) as
+  # each of its folds: the trained rows of both share their compiled steps.
+  split = write_beir(str(root / "split"), num_docs=30, num_queries=20, seed=1)
   test_only = write_beir(str(root / "only"), num_docs=30, num_queries=15, seed=2,
                          splits=("test",))
-  config = _config([split, test_only], root / "cache")
+  config = _config([split, test_only], root / "cache", tiny_bert_dir)
   study.validate(config)
   return config, study.run(config, str(root / "w")).results
 
@@ -44,7 +46,7 @@ def study_run(tmp_path_factory):
 def test_rows_cover_every_model_and_every_query_once(study_run):
   config, res = study_run
   models = ["dot", "bm25", "wdp", "bilinear", "lowrank_r4", "learned", "hybrid", "bilinear_ict"]
-  for coll, n_q in (("split", 12), ("only", 15)):
+  for coll, n_q in (("split", 10), ("only", 15)):
     rows = [r for r in res["rows"] if r["collection"] == coll]
     assert [r["model"] for r in rows] == models
     for r in rows:
@@ -64,7 +66,7 @@ def test_dot_and_bm25_rows_equal_a_direct_evaluation(study_run):
   config, res = study_run
   c = spec_lib.collection_block(config.data, config.collections[1])
   cfg = blocks.encoder_config()
-  cfg.max_length, cfg.cache_dir = 32, config.encoder.cache_dir
+  cfg.model, cfg.max_length, cfg.cache_dir = config.encoder.model, 32, config.encoder.cache_dir
   coll = loaders.load(c)
   emb = pipeline.embed(coll, cfg)
   qids = coll.split_query_ids("test")
@@ -109,7 +111,7 @@ def test_unseen_doc_queries_follow_the_folds(study_run):
   assert pooled["mean", "bilinear"]["n_queries"] == n
 
 
-def test_study_through_main_writes_table_and_forest_plot(tmp_path, run_main):
+def test_study_through_main_writes_table_and_forest_plot(tmp_path, run_main, tiny_bert_dir):
   data = write_beir(str(tmp_path / "only"), num_docs=30, num_queries=15, seed=2,
                     splits=("test",))
   w = tmp_path / "w"
@@ -117,7 +119,8 @@ def test_study_through_main_writes_table_and_forest_plot(tmp_path, run_main):
       f"configs/study.py:collections={data},embeddings=mean,seeds=0,folds=3,ranks=4,"
       "models=bilinear+lowrank,ict_rows=", w, "--config.train.ict.dev_docs=4",
       "--config.train.steps=6", "--config.train.eval_every=3", "--config.train.batch_size=8",
-      "--config.encoder.max_length=32", f"--config.encoder.cache_dir={tmp_path / 'cache'}",
+      f"--config.encoder.model={tiny_bert_dir}", "--config.encoder.max_length=32",
+      f"--config.encoder.cache_dir={tmp_path / 'cache'}",
       "--config.stats.resamples=200")
   assert {r["model"] for r in res["rows"]} == {"dot", "bm25", "bilinear", "lowrank_r4",
                                                "learned", "hybrid"}
