@@ -1,5 +1,6 @@
 """The `study` job on two tiny collections: one with its own train / test split, one test-only
-(cross-validated), the "mean" embedding of a tiny random BERT (conftest), a few training steps."""
+(cross-validated), the frozen all-MiniLM-L6-v2 "mean" embedding, a few training steps (the
+through-main test: a tiny random BERT's)."""
 import copy
 import types
 
@@ -19,11 +20,11 @@ from conftest import get_config, write_beir
 
 
 
-def _config(collections, cache, bert):
+def _config(collections, cache):
   c = get_config("study", f"collections={'+'.join(collections)},embeddings=mean,seeds=0+1,folds=3,"
                         "ranks=4,ict_rows=bilinear")
   c.train.steps, c.train.eval_every, c.train.batch_size = 12, 6, 8
-  c.encoder.model, c.encoder.max_length, c.encoder.cache_dir = bert, 32, str(cache)
+  c.encoder.max_length, c.encoder.cache_dir = 32, str(cache)
   c.stats.resamples = 500
   c.train.ict.dev_docs = 6
   c.hybrid.depth = 10
@@ -31,14 +32,14 @@ def _config(collections, cache, bert):
 
 
 @pytest.fixture(scope="module")
-def study_run(tmp_path_factory, tiny_bert_dir):
+def study_run(tmp_path_factory):
   root = tmp_path_factory.mktemp("study")
   # As many docs as the test-only collection, and as many training queries (10 - 2 for dev) as
   # each of its folds: the trained rows of both share their compiled steps.
   split = write_beir(str(root / "split"), num_docs=30, num_queries=20, seed=1)
   test_only = write_beir(str(root / "only"), num_docs=30, num_queries=15, seed=2,
                          splits=("test",))
-  config = _config([split, test_only], root / "cache", tiny_bert_dir)
+  config = _config([split, test_only], root / "cache")
   study.validate(config)
   return config, study.run(config, str(root / "w")).results
 
@@ -66,7 +67,7 @@ def test_dot_and_bm25_rows_equal_a_direct_evaluation(study_run):
   config, res = study_run
   c = spec_lib.collection_block(config.data, config.collections[1])
   cfg = blocks.encoder_config()
-  cfg.model, cfg.max_length, cfg.cache_dir = config.encoder.model, 32, config.encoder.cache_dir
+  cfg.max_length, cfg.cache_dir = 32, config.encoder.cache_dir
   coll = loaders.load(c)
   emb = pipeline.embed(coll, cfg)
   qids = coll.split_query_ids("test")
