@@ -31,9 +31,10 @@ Q, N, L = 8, 24, 16
 PAIRS = [(0, 0), (1, 0)] + [(i, i) for i in range(2, Q)]
 
 
-def texts(count: int, seed: int) -> list[str]:
+def texts(count: int, seed: int, words: int | None = None) -> list[str]:
+  """`count` random texts of WORDS, of 2-11 words each (or of `words` words each)."""
   rng = np.random.default_rng(seed)
-  return [" ".join(rng.choice(WORDS, size=rng.integers(2, 12))) for _ in range(count)]
+  return [" ".join(rng.choice(WORDS, size=words or rng.integers(2, 12))) for _ in range(count)]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,10 @@ def setup(tmp_path_factory):
   enc_cfg = blocks.encoder_config()
   enc_cfg.model, enc_cfg.cache_dir = folder, str(root / "cache")
   enc_cfg.max_length, enc_cfg.batch_size, enc_cfg.pooling, enc_cfg.normalize = L, 8, "mean", True
-  q_texts, d_texts = texts(Q, 1), texts(N, 2)
+  # Every batch holds the Q positives and hard negatives of the pool (rows Q..N): a pool of
+  # texts of one length packs every batch to the same number of token rows, so each train step
+  # compiles one shape (the positives keep their varied lengths).
+  q_texts, d_texts = texts(Q, 1), texts(Q, 2) + texts(N - Q, 4, words=6)
   tokens = lambda t: embeddings.pad_tokens(encoder.tokenize(t, L), L, encoder.pad_id)
   pool_rows = np.random.default_rng(3).permutation(np.arange(Q, N))
   trainset = TrainSet(np.array(PAIRS), Q, N, hard_negatives=np.stack(
