@@ -9,8 +9,9 @@ the real tokens' outputs; a row whose keys are all padding (an empty batch row) 
 Padding-free layers: given a `Packing` of the batch, a layer's input is the batch's T real tokens
 [T, n] instead of [B, L, n]; every token-wise part (the QKV and output projections, the feed-
 forward block, the LayerNorms) runs on those T rows only, and attention alone unpacks them, in
-two halves: the shorter half of the rows at its own width, the rest at L. The outputs of the real tokens are those of the padded layer; the work drops from B * L
-to T tokens (half of it on InsuranceQA's answers, padded to 256 but 114 tokens long on average).
+two halves: the shorter half of the rows at its own width, the rest at L. The outputs of the real
+tokens are those of the padded layer; the work drops from B * L to T tokens (half of it on
+InsuranceQA's answers, padded to 256 but 114 tokens long on average).
 """
 from __future__ import annotations
 
