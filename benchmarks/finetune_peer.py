@@ -19,8 +19,8 @@ dropout (the project's encoders have none: the peer's is set to 0).
     jax devices; each batch cut to its longest text (rounded up to a power of two) and, with
     `--pack` (the default), padding-free: the Transformer layers run on the batch's real tokens
     only (`encoders.layers.Packing`), attention in two halves (the batch's shorter half at its
-    own width, the rest at the batch's); the same loss and gradients. One warm-up run first (it compiles the step for every batch shape of the run),
-    then the timed run.
+    own width, the rest at the batch's); the same loss and gradients. One warm-up run first
+    (it compiles the step for every batch shape of the run), then the timed run.
   * peer: `SentenceTransformerTrainer` with `MultipleNegativesRankingLoss(scale=20)` on torch
     (CUDA when present, else the CPU with `torch.get_num_threads()` threads), the triplets fed
     in order (a sequential batch sampler); its first step is not timed. It tokenizes each batch

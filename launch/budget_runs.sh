@@ -44,7 +44,8 @@ budget_run() {
 # python lacks the project's dependencies, and puts the repository on PYTHONPATH.
 carried_python_path() {
   if ! "${PYTHON}" -c "import ml_collections, pytrec_eval" 2>/dev/null; then
-    "${PYTHON}" -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl || return 1
+    "${PYTHON}" -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl \
+      || return 1
     export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
   fi
   export PYTHONPATH=.:${PYTHONPATH:-}
