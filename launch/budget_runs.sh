@@ -1,8 +1,8 @@
 # Sourced by the GPU scripts (launch/late_interaction_gpu.sh, launch/finetune_gpu.sh): runs under
 # one time budget, each resumable and copied, never run twice.
 #
-# Needs: END (the budget's end, in bash SECONDS), OUT (results and logs), WORK (checkpoints and
-# finished runs, under $WORK/done).
+# Needs: BUDGET_S (seconds for all runs), OUT (results and logs), WORK (checkpoints and finished
+# runs, under $WORK/done), PYTHON. `budget_start` first, then `budget_run` per run.
 #
 # budget_run NAME JOBDIR CMD...: runs CMD under what is left of the budget (SIGTERM at the end:
 # a job keeps its last checkpoint) with its output appended to $OUT/NAME.log. On success the
@@ -40,9 +40,14 @@ budget_run() {
   return "${rc}"
 }
 
-# Installs the carried wheels (.carry/whl, `launch/pack_device_inputs.py`) where the machine's
-# python lacks the project's dependencies, and puts the repository on PYTHONPATH.
-carried_python_path() {
+# budget_start: sets END (the budget's end, in bash SECONDS), makes OUT and WORK, unbuffers
+# python's output, installs the carried wheels (.carry/whl, `launch/pack_device_inputs.py`)
+# where the machine's python lacks the project's dependencies and puts the repository on
+# PYTHONPATH.
+budget_start() {
+  END=$((SECONDS + BUDGET_S))
+  mkdir -p "${OUT}" "${WORK}"
+  export PYTHONUNBUFFERED=1
   if ! "${PYTHON}" -c "import ml_collections, pytrec_eval" 2>/dev/null; then
     "${PYTHON}" -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl \
       || return 1

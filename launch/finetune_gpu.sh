@@ -35,12 +35,9 @@ BATCH=${BATCH:-64}
 STEPS=${STEPS:-202}
 LATE_STEPS=${LATE_STEPS:-806}
 PYTHON=${PYTHON:-python3}
-END=$((SECONDS + BUDGET_S))
-mkdir -p "${OUT}" "${WORK}"
-export PYTHONUNBUFFERED=1
 
 source launch/budget_runs.sh
-carried_python_path || exit 1
+budget_start || exit 1
 
 JOB=(--config.data.path="${DATA}" --config.encoder.model="${MODEL}"
      --config.encoder.cache_dir="${WORK}/cache")

@@ -29,12 +29,9 @@ SIZES=${SIZES:-300+1000+3000+12889}
 STEPS=${STEPS:-2000}
 EVAL_EVERY=${EVAL_EVERY:-250}
 PYTHON=${PYTHON:-python3}
-END=$((SECONDS + BUDGET_S))
-mkdir -p "${OUT}" "${WORK}"
-export PYTHONUNBUFFERED=1
 
 source launch/budget_runs.sh
-carried_python_path || exit 1
+budget_start || exit 1
 
 CURVE_ROWS=${CURVE_ROWS:-"'dot','colbert','colbert_proj','mebert','lite_small','lite_flat','knrm'"}
 COMMON=(--config.data.path="${DATA}" --config.encoder.model="${MODEL}"
