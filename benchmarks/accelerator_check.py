@@ -29,13 +29,14 @@ check goes on; where a kernel test's process crashed in tests_device (e.g. an il
 access), topk and mol run without the kernels (`pallas_skipped` in their summary entry names it).
 
 `--kernels` (issue 42's subset, on a GPU at most 300 s, `KERNEL_LIMITS`): device; tests_device on
-the exactness file, the Pallas kernel tests (compiled), the 3xTF32 bound and certificate tests
+the exactness file, the Pallas kernel tests (compiled), the TF32 bound and certificate tests
 (on the tensor cores) and the roofline unit test; topk on the two issue cases with
-`KERNEL_STRATEGIES`: the XLA scan and both 3xTF32 strategies' sweeps (tf32x3, XLA's
-TF32_TF32_F32_X3 dot; tf32x3_pallas, the Pallas kernel's split; each with its group maxima
-timed alone, its fallback count and its bound at three TF32 passes) beside torch float32 with
-TF32 off (the peer), bf16, and TF32 on (a labelled reference). The float32 Pallas kernels
-(pallas, pallas_blockmax: 5 to 170 ms in runs 5 and 6) are left out there. The mol step (1M
+`KERNEL_STRATEGIES`: the XLA scan and the TF32 strategies' sweeps (tf32, XLA's one-pass
+TF32_TF32_F32 dot; tf32x3, XLA's TF32_TF32_F32_X3 dot; tf32x3_pallas, the Pallas kernel's
+split; each with its group maxima timed alone, its fallback count and its bound at its TF32
+passes) beside torch float32 with TF32 off (the peer), bf16, and TF32 on (a labelled
+reference). The float32 Pallas kernels (pallas, pallas_blockmax: 5 to 170 ms in runs 5 and 6)
+are left out there. The mol step (1M
 items, P = 4, TopKAvg(2,000 / 4,000) with the XLA and the Pallas top-N selection, brute force at
 its best step and torch; 75 s) runs with `--kernels` only when `--steps` names it.
 
@@ -52,7 +53,7 @@ Steps (in this order: the device's own numbers first, CPU-only logic last):
                 tests/retrieval/: test_retrieval_exact.py (the selection with ties and
                 near-ties), test_certified.py, test_mol_topk.py,
                 test_mol_topk_chunks.py, test_pallas_topk.py (the Pallas kernels compiled),
-                test_certified_tf32x3.py (the 3xTF32 bound on the tensor cores);
+                test_certified_tf32x3.py (the TF32 bounds on the tensor cores);
                 in TESTS_DEVICE_WORKERS pytest-xdist processes where xdist is installed.
                 Reduced: test_device_exactness.py without the MoL and certified cases, and the
                 Pallas kernels' Triton lowering (CI runs the rest).
@@ -123,9 +124,10 @@ LIMITS = {"device": (40, 30), "tests_device": (150, 50), "topk": (160, 95), "mol
 KERNEL_LIMITS = {"device": 30, "tests_device": 80, "topk": 190, "mol": 75}
 # The top-k strategies the topk step times (benchmarks/topk.py --strategies): the XLA scan
 # first, then the Pallas kernels.
-STRATEGIES = ("xla", "pallas", "pallas_blockmax", "tf32x3", "tf32x3_pallas")
-# The strategies --kernels times: the XLA scan and the 3xTF32 certified strategies.
-KERNEL_STRATEGIES = ("xla", "tf32x3", "tf32x3_pallas")
+STRATEGIES = ("xla", "pallas", "pallas_blockmax", "tf32", "tf32x3", "tf32x3_pallas")
+# The strategies --kernels times: the XLA scan and the TF32 certified strategies (one pass,
+# three passes by XLA and by the Pallas kernel).
+KERNEL_STRATEGIES = ("xla", "tf32", "tf32x3", "tf32x3_pallas")
 # pytest-xdist workers of tests_device on an accelerator, where the package is installed (the
 # device machines' image has it); else the tests run in one process.
 TESTS_DEVICE_WORKERS = 8
@@ -389,7 +391,7 @@ def kernel_headline(steps: dict) -> dict:
               ("kernel_ms", "after_kernel_ms", "kernel_ratio_vs_bound")
               if strategy not in ("xla", "pallas") else ()) + (
               ("fallback_queries", "torch_tf32_ms", "ratio_vs_torch_tf32")
-              if strategy.startswith("tf32x3") else ())}
+              if strategy.startswith("tf32") else ())}
     timed = {k: v for k, v in found.items() if v.get("ms")}
     if timed:
       found["best"] = min(timed, key=lambda k: timed[k]["ms"])

@@ -78,7 +78,11 @@ queries it does not certify redone by the float32 scan (`fallback_queries`, at t
 their group maxima alone are `kernel_ms`; the table's max|d| is computed once, before timing
 (as an index). Their bound (`scan_dtype` "tf32x3") is the roofline at three passes of the
 measured default-precision (TF32) matmul peak, or the float32 table read once, whichever is
-larger; torch float32 with TF32 on is timed beside them as a labelled reference
+larger. "tf32" (`--tf32-tiles`, configs as `--tf32x3-tiles`) adds `tf32_<case>` rows the same
+way: `exact.tf32x3_topk(passes=1)`, the group maxima from ONE TF32 pass (XLA's TF32_TF32_F32
+dot) and the one-pass bound in the certificate; its roofline bound (`scan_dtype` "default") is
+one pass of the default-precision peak. Torch float32 with TF32 on is timed beside them as a
+labelled reference
 (`torch_tf32_ms`, `ratio_vs_torch_tf32`: TF32 scores are not exact, so it is not the peer;
 `peer_torch_ms` stays torch with TF32 off).
 Each case also reports its achieved GFLOP/s (2 B N w / time; the certified case counts its bound
@@ -130,8 +134,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="comma list: xla (the chunked scan), pallas (the fused Pallas "
                       "scan-and-select kernel), pallas_blockmax (Pallas group maxima + XLA "
                       "selection), tf32x3 / tf32x3_pallas (3xTF32 group maxima by XLA / Pallas "
-                      "+ a certificate): a `<strategy>_<case>` row beside the scan's; "
-                      "interpret mode (Pallas) or an emulated split (3xTF32) off a GPU")
+                      "+ a certificate), tf32 (one TF32 pass by XLA + a certificate): a "
+                      "`<strategy>_<case>` row beside the scan's; interpret mode (Pallas) or "
+                      "emulated TF32 arithmetic off a GPU")
   p.add_argument("--tiles", default="",
                  help="the pallas strategy's tile configs to sweep, ';'-separated "
                       "tq.td.steps.num_warps.num_stages[.wkN][.insert][.noskip] (default: "
@@ -145,6 +150,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "optionally .cN (coarse groups), .mN (groups rescored), .top_k/.argmax")
   p.add_argument("--tf32x3-pallas-tiles", default="",
                  help="the tf32x3_pallas strategy's tile configs, as --blockmax-tiles")
+  p.add_argument("--tf32-tiles", default="",
+                 help="the tf32 strategy's (one TF32 pass, XLA) configs, as --tf32x3-tiles")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", default=None, help="write the results here")
   return p.parse_args(argv)
@@ -196,10 +203,14 @@ TILE_SWEEP = {
         "many": ("64.16.64.4.2.wk64.g16", "64.32.32.4.2.wk64.g32", "128.32.16.8.2.wk32.g32",
                  "64.64.16.4.2.wk64.g16")},
 }
+TILE_SWEEP["tf32"] = TILE_SWEEP["tf32x3"]  # one TF32 pass: the same XLA group configs
 PALLAS_STRATEGIES = tuple(TILE_SWEEP)
-TF32X3_STRATEGIES = exact.TF32X3_STRATEGIES
+# the XLA TF32 strategies: configs "gN[.cN][.mN][.top_k|.argmax]" (`parse_tiles`,
+# `tf32x3_options`), no Pallas tiles
+XLA_TF32_STRATEGIES = ("tf32", "tf32x3")
 TILES_ARG = {"pallas": "tiles", "pallas_blockmax": "blockmax_tiles", "tf32x3": "tf32x3_tiles",
-             "tf32x3_pallas": "tf32x3_pallas_tiles"}  # each strategy's --*-tiles option
+             "tf32x3_pallas": "tf32x3_pallas_tiles",
+             "tf32": "tf32_tiles"}  # each strategy's --*-tiles option
 SHARED_BYTES = 232_448  # shared memory per program on an H100 / H200 (Triton's limit there)
 
 
@@ -412,8 +423,8 @@ class Runner:
     fns[name] = wrap(torch_peer.topk_fn(self.torch, self.torch_device, q, d, k, dtype, chunk))
 
   def torch_tf32_fn(self, q: np.ndarray, d: np.ndarray, k: int, fns: dict) -> None:
-    """torch float32 with TF32 on as `torch_tf32`, where a 3xTF32 strategy is timed."""
-    if any(s in TF32X3_STRATEGIES for s in self.args.strategies.split(",")):
+    """torch float32 with TF32 on as `torch_tf32`, where a TF32 strategy is timed."""
+    if any(s in exact.TF32_PASSES for s in self.args.strategies.split(",")):
       self.torch_fn(q, d, k, "float32", fns, name="torch_tf32", tf32=True)
 
   def chunk_variants(self, qt, dt, k: int, fns: dict) -> None:
@@ -452,7 +463,7 @@ class Runner:
     GPU, the default tiles off it), and for the group-maxima strategies (all but pallas) the
     maxima alone (no selection after them) as `<strategy>_kernel@<config>`. Each config is run
     once first (compiled: compile time is not timed) and checked against the float32 scan's
-    ids `truth`; a config that fails is left out and its error kept. The 3xTF32 strategies
+    ids `truth`; a config that fails is left out and its error kept. The TF32 strategies
     get the table's max|d| computed once here, and their fallback count per config.
     Returns {strategy: {"configs": {config: same_ids}, "errors": {config: error},
     "fallback": {config: queries that fell back}}}."""
@@ -462,12 +473,12 @@ class Runner:
     norm = exact.max_doc_norm(dj)
     for strategy in (s for s in self.args.strategies.split(",") if s in PALLAS_STRATEGIES):
       given = getattr(self.args, TILES_ARG[strategy])
-      x3 = strategy in TF32X3_STRATEGIES
+      is_tf32 = strategy in exact.TF32_PASSES
       if given:
         configs = [c for c in given.split(";") if c]
       elif jax.default_backend() == "gpu":
         configs = list(TILE_SWEEP[strategy]["few" if b <= 64 else "many"])
-      elif strategy == "tf32x3":
+      elif strategy in XLA_TF32_STRATEGIES:
         configs = ["g16"]
       else:
         t = pallas_topk.default_tiles(b, w)
@@ -475,20 +486,21 @@ class Runner:
       found = out[strategy] = {"configs": {}, "errors": {}, "fallback": {}}
       for cfg in configs:
         tiles = parse_tiles(cfg, w, tf32x3=strategy == "tf32x3_pallas")
-        if x3:
+        if is_tf32:
           call = lambda tiles=tiles, s=strategy, o=tf32x3_options(cfg): exact.tf32x3_topk(
-              qj, dj, k, tiles, pallas=s == "tf32x3_pallas", doc_norm=norm, **o)
+              qj, dj, k, tiles, pallas=s == "tf32x3_pallas", doc_norm=norm,
+              passes=exact.TF32_PASSES[s], **o)
           fn = lambda call=call: call()[0]
         else:
           fn = lambda tiles=tiles, s=strategy: exact.topk(qj, dj, k, strategy=s, tiles=tiles)
         try:
-          if x3:
+          if is_tf32:
             res, found["fallback"][cfg] = call()
           else:
             res = jax.block_until_ready(fn())
-          if strategy == "tf32x3":
-            maxima = jax.jit(lambda q, d, g=tiles.group: exact.tf32x3_group_maxima(
-                q, d, g, interpret))
+          if strategy in XLA_TF32_STRATEGIES:
+            maxima = jax.jit(lambda q, d, g=tiles.group, p=exact.TF32_PASSES[strategy]:
+                             exact.tf32x3_group_maxima(q, d, g, interpret, p))
             kernel = lambda maxima=maxima: maxima(qj, dj)
           elif strategy != "pallas":
             kernel = lambda tiles=tiles: pallas_topk.group_maxima(qj, dj, tiles, interpret)
@@ -512,15 +524,17 @@ class Runner:
     = ms - kernel_ms: the selection and rescoring after them, and for 3xTF32 the certificate
     and any fallback; `kernel_sweep_ms`: every config's; `kernel_ratio_vs_bound`); for 3xTF32
     `fallback_queries` at the best config, its bound at three TF32 passes (`scan_dtype`
-    "tf32x3") and torch with TF32 on (`torch_tf32_ms`, a reference); a row with `error` when
-    no config ran."""
+    "tf32x3"; tf32: one pass, "default") and torch with TF32 on (`torch_tf32_ms`, a
+    reference); a row with `error` when no config ran."""
     methods = {
         "pallas": "fused Pallas scan-and-select",
         "pallas_blockmax": "Pallas group maxima + XLA selection of the k best groups, rescored",
         "tf32x3": "3xTF32 group maxima (XLA TF32_TF32_F32_X3) + the m best groups rescored "
                   "in float32 + a certificate, fallback to the float32 scan",
         "tf32x3_pallas": "3xTF32 group maxima (Pallas kernel) + the m best groups rescored "
-                         "in float32 + a certificate, fallback to the float32 scan"}
+                         "in float32 + a certificate, fallback to the float32 scan",
+        "tf32": "one-pass TF32 group maxima (XLA TF32_TF32_F32) + the m best groups rescored "
+                "in float32 + a certificate, fallback to the float32 scan"}
     for strategy, sweep in sweeps.items():
       name = f"{strategy}_{tag}"
       times = {c: round(ms[f"{strategy}@{c}"], 3) for c in sweep["configs"]}
@@ -531,10 +545,11 @@ class Runner:
         print(f"{name}: every tile config failed: {sweep['errors']}", flush=True)
         continue
       best = min(times, key=times.get)
-      x3 = strategy in TF32X3_STRATEGIES
+      is_tf32 = strategy in exact.TF32_PASSES
+      passes = exact.TF32_PASSES.get(strategy)
       tiles = parse_tiles(best, w, tf32x3=strategy == "tf32x3_pallas")
       res = (exact.tf32x3_topk(qj, dj, k, tiles, pallas=strategy == "tf32x3_pallas",
-                               **tf32x3_options(best))[0] if x3
+                               passes=passes, **tf32x3_options(best))[0] if is_tf32
              else exact.topk(qj, dj, k, strategy=strategy, tiles=tiles))
       extra = {}
       if strategy != "pallas":
@@ -542,11 +557,11 @@ class Runner:
         extra = {"kernel_ms": kernel[best],
                  "after_kernel_ms": round(ms[f"{strategy}@{best}"] - kernel[best], 3),
                  "kernel_sweep_ms": kernel}
-      if x3:
+      if is_tf32:
         tf32_ms = ms.get("torch_tf32")
         extra |= {"fallback_queries": sweep["fallback"][best],
                   "fallback_by_config": sweep["fallback"],
-                  "bound_relative": exact.tf32x3_relative_bound(w),
+                  "bound_relative": exact.tf32x3_relative_bound(w, passes=passes),
                   "torch_tf32_ms": tf32_ms and round(tf32_ms, 3),
                   "ratio_vs_torch_tf32": round(tf32_ms / ms[f"{strategy}@{best}"], 3)
                   if tf32_ms else None,
@@ -555,7 +570,7 @@ class Runner:
       row = self.record(
           name, b, n, w, k, "float32", ms[f"{strategy}@{best}"], ms["faiss"], ms["matmul"],
           f"exact.topk(strategy={strategy!r}): {methods[strategy]}",
-          scan_dtype="tf32x3" if x3 else None,
+          scan_dtype={1: "default", 3: "tf32x3"}.get(passes),
           torch_ms=torch_ms, strategy=strategy, tiles=best, tile_sweep_ms=times,
           tile_errors=sweep["errors"], interpret=pallas_topk.interpret_default(),
           same_ids_as_fp32=bool(np.array_equal(np.asarray(res.ids), np.asarray(truth.ids))),

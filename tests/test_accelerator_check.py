@@ -59,23 +59,24 @@ def test_reduced_check_writes_one_summary_within_budget(tmp_path):
       assert case["ratio_vs_bound"] >= 1 - TOLERANCE, (name, case)
       assert case["peer_torch_ms"] is not None or case["note"], (name, case)
   topk = steps["topk"]["cases"]
-  strategies = ["", "pallas_", "pallas_blockmax_", "tf32x3_", "tf32x3_pallas_"]
+  strategies = ["", "pallas_", "pallas_blockmax_", "tf32_", "tf32x3_", "tf32x3_pallas_"]
   assert [c["name"] for c in topk] == (
       [f"{s}q64_d2000_n384_k10" for s in strategies + ["bf16cand_", "bf16_"]]
       + [f"{s}q64_d10000_n384_k10" for s in strategies + ["bf16cand_"]])
   # the Pallas kernels (interpret mode here) beside the XLA scan: the same ids
   pallas = [c for c in topk if c["strategy"] != "xla"]
-  assert len(pallas) == 8 and all(c["same_ids_as_fp32"] and c["tile_sweep_ms"] for c in pallas)
+  assert len(pallas) == 10 and all(c["same_ids_as_fp32"] and c["tile_sweep_ms"] for c in pallas)
   # the group maxima alone, timed in the same rounds: the rest is the selection after them
   for c in (c for c in pallas if c["strategy"] != "pallas"):
     assert 0 < c["kernel_ms"] and c["after_kernel_ms"] == round(c["ms"] - c["kernel_ms"], 3)
-  # 3xTF32: the fallback count, torch with TF32 on as a reference, and the bound at three
+  # TF32: the fallback count, torch with TF32 on as a reference, and the bound at three
   # passes of the default-precision peak (on the CPU that is float32: about a third of the
-  # float32 scan row's peak in the same case)
-  for c in (c for c in pallas if c["strategy"].startswith("tf32x3")):
+  # float32 scan row's peak in the same case), one pass for tf32 (about the scan row's)
+  for c in (c for c in pallas if c["strategy"].startswith("tf32")):
     scan = next(x for x in topk if x["name"] == c["name"][len(c["strategy"]) + 1:])
     assert c["fallback_queries"] == 0 and c["torch_tf32_ms"] > 0, c
-    assert 1.5 < scan["peak_flops"] / c["peak_flops"] < 6, (scan["peak_flops"], c)
+    low, high = (0.5, 2) if c["strategy"] == "tf32" else (1.5, 6)
+    assert low < scan["peak_flops"] / c["peak_flops"] < high, (scan["peak_flops"], c)
   mol = steps["mol"]["cases"]
   assert {c["strategy"] for c in mol} == {"xla", "pallas"}
   assert all(c["same_ids_as_xla"] for c in mol if c["strategy"] == "pallas")
@@ -104,7 +105,7 @@ def test_a_crashed_kernel_test_drops_the_kernels_from_the_benchmarks():
   assert not accelerator_check.pallas_failures(
       [{"name": "tests_device", "failed_tests": ["tests/retrieval/test_pallas_topk.py::t"],
         "crashed_tests": []}])
-  for strategies in ("xla,pallas,pallas_blockmax", "xla,tf32x3,tf32x3_pallas"):
+  for strategies in ("xla,pallas,pallas_blockmax", "xla,tf32,tf32x3,tf32x3_pallas"):
     assert accelerator_check.without_pallas(
         ["py", "topk.py", "--strategies", strategies, "--repeats", "5"]) == \
         ["py", "topk.py", "--strategies", "xla", "--repeats", "5"]
@@ -118,17 +119,18 @@ def test_every_tile_config_parses_and_fits_shared_memory():
   # compiled configs stay in
   assert topk.shared_bytes(topk.parse_tiles("32.128.16.4.2", 384)) + 16 == 245_776
   assert topk.shared_bytes(topk.parse_tiles("64.64.32.4.2", 384)) <= topk.SHARED_BYTES
-  configs = [(name, c) for name, sweep in topk.TILE_SWEEP.items() if name != "tf32x3"
-             for group in sweep.values() for c in group]
+  configs = [(name, c) for name, sweep in topk.TILE_SWEEP.items()
+             if name not in topk.XLA_TF32_STRATEGIES for group in sweep.values() for c in group]
   for name, cfg in configs:  # the Pallas kernels' configs (3xTF32: twice the operands)
     t = topk.parse_tiles(cfg, 384, tf32x3=name == "tf32x3_pallas")
     assert topk.shared_bytes(t) <= topk.SHARED_BYTES, cfg
     assert t.td % t.group == 0 and t.tq >= 16 and t.wk <= 128, cfg
   assert topk.shared_bytes(topk.parse_tiles("64.64.16.4.2.g16", 384, tf32x3=True)) == \
       2 * topk.shared_bytes(topk.parse_tiles("64.64.16.4.2.g16", 384))
-  # the XLA 3xTF32 configs name the group only
-  assert [topk.parse_tiles(c, 384).group for c in topk.TILE_SWEEP["tf32x3"]["few"]] == \
-      [32, 64, 128]
+  # the XLA TF32 configs (one pass and three) name the group only
+  for name in topk.XLA_TF32_STRATEGIES:
+    assert [topk.parse_tiles(c, 384).group for c in topk.TILE_SWEEP[name]["few"]] == \
+        [32, 64, 128]
   # ... and optionally tf32x3_topk's coarse groups, m and selection
   assert topk.parse_tiles("g32.c32.m12.argmax", 384).group == 32
   assert topk.tf32x3_options("g32.c32.m12.argmax") == {"coarse": 32, "groups": 12,

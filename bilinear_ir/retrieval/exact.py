@@ -44,7 +44,11 @@ each group of G docs, then the block logic above in XLA (the k best groups, thei
 "tf32x3" / "tf32x3_pallas", `tf32x3_topk`: the group maxima from 3xTF32 tensor-core arithmetic
 (XLA's `DotAlgorithmPreset.TF32_TF32_F32_X3`, or the Pallas kernel's own split), the m best
 groups rescored in float32 and a certificate per query (`tf32x3_relative_bound`); the queries it
-does not certify are redone by the "xla" scan, so the result is the same exact float32 top-k.
+does not certify are redone by the "xla" scan, so the result is the same exact float32 top-k;
+"tf32", `tf32x3_topk(passes=1)`: the same with the group maxima from ONE TF32 pass (XLA's
+`DotAlgorithmPreset.TF32_TF32_F32`, a third of the tensor-core work) and its looser bound
+(`tf32x3_relative_bound(w, passes=1)`, 3.7 times the three passes' at w = 384). `TF32_PASSES`
+maps each TF32 strategy to its passes.
 """
 from __future__ import annotations
 
@@ -69,11 +73,13 @@ DEFAULT_QUERY_CHUNK = 1024  # queries per scan
 MAX_BLOCK = 32              # largest block of docs summarised by its maximum
 ARGMAX_MAX_K = 16           # GPUs: k up to this selects by k argmax passes (`selection`)
 SELECTIONS = ("top_k", "argmax")  # how the scan picks its k best blocks and docs (`selection`)
-# the XLA scan, a Pallas kernel, or 3xTF32 group maxima + a certificate (`strategy`)
-TF32X3_STRATEGIES = ("tf32x3", "tf32x3_pallas")  # `tf32x3_topk` by XLA / by the Pallas kernel
-STRATEGIES = ("xla", "pallas", "pallas_blockmax") + TF32X3_STRATEGIES
+# `tf32x3_topk`'s strategies and their TF32 passes: one (XLA), three (3xTF32: XLA / Pallas)
+TF32_PASSES = {"tf32": 1, "tf32x3": 3, "tf32x3_pallas": 3}
+# the XLA scan, a Pallas kernel, or TF32 group maxima + a certificate (`strategy`)
+STRATEGIES = ("xla", "pallas", "pallas_blockmax") + tuple(TF32_PASSES)
 UNIT_ROUNDOFF = 2.0 ** -24  # float32, round to nearest
-TF32X3_SPLIT_ERROR = 3 * 2.0 ** -20 + 2.0 ** -40  # per product, relative (`tf32x3_relative_bound`)
+# per product, relative, by TF32 passes (`tf32x3_relative_bound`)
+TF32_SPLIT_ERROR = {1: 2 * 2.0 ** -10 + 2.0 ** -20, 3: 3 * 2.0 ** -20 + 2.0 ** -40}
 TF32X3_SAFETY = 8.0         # on the tensor cores' accumulation error (`tf32x3_relative_bound`)
 TF32X3_GROUPS_PER_K = 2     # `tf32x3_topk` rescores the 2k best groups by default
 PRECISION = lax.Precision.HIGHEST  # float32 score matmuls on every backend (module docstring)
@@ -184,11 +190,11 @@ def default_strategy(k: int, platform: str | None = None) -> str:
   """Which scan `topk` runs, per device: one of STRATEGIES, each the same exact float32 result.
 
   "xla" on every device until another is measured faster on one: the Pallas kernels are
-  compiled only for GPUs (interpret mode elsewhere, for tests only) and the 3xTF32 strategies
-  ("tf32x3", "tf32x3_pallas") pay only on tensor cores (elsewhere their split is emulated in
-  float32). Once `benchmarks/topk.py --strategies xla,tf32x3,tf32x3_pallas` shows one faster on
-  a GPU at both issue-42 cases with `same_ids_as_fp32`, the change is one line here:
-  `return "tf32x3" if (platform or jax.default_backend()) == "gpu" else "xla"`.
+  compiled only for GPUs (interpret mode elsewhere, for tests only) and the TF32 strategies
+  ("tf32", "tf32x3", "tf32x3_pallas") pay only on tensor cores (elsewhere their TF32 arithmetic
+  is emulated in float32). Once `benchmarks/topk.py --strategies xla,tf32,tf32x3,tf32x3_pallas`
+  shows one faster on a GPU at both issue-42 cases with `same_ids_as_fp32`, the change is one
+  line here: `return "tf32x3" if (platform or jax.default_backend()) == "gpu" else "xla"`.
 
   Args:
     k: results per query.
@@ -281,59 +287,85 @@ def gamma(m: int) -> float:
   return m * UNIT_ROUNDOFF / (1.0 - m * UNIT_ROUNDOFF)
 
 
-def tf32x3_relative_bound(width: int, safety: float = TF32X3_SAFETY) -> float:
-  """c with |s_3xTF32 - s_f32| <= c |q| |d| for tables of width w: the 3xTF32 score (either
-  implementation of `tf32x3_topk`) against the float32 score in any summation order.
+def check_passes(passes, pallas: bool = False) -> None:
+  """Raises `InputError` unless `passes` is a number of TF32 passes with a bound
+  (`TF32_SPLIT_ERROR`: 1 or 3), and 3 where `pallas` (the kernel's split is 3xTF32 only)."""
+  if isinstance(passes, bool) or passes not in TF32_SPLIT_ERROR or (pallas and passes != 3):
+    raise input_error(f"must be one of {tuple(TF32_SPLIT_ERROR)} (the Pallas kernel: 3), got "
+                      f"{passes!r}", file="retrieval", field="passes")
 
-  What is computed: each q_i = qh + ql + rq with qh, ql TF32 (`pallas_topk.split_tf32`
-  truncates: |q_i - qh| < 2^-10 |q_i|, |rq| < 2^-10 |q_i - qh| < 2^-20 |q_i|; XLA's split
-  rounds, within the same bounds), the same for d_i, and the score sums qh dh + qh dl + ql dh,
-  dropping ql dl. Per product the error is ql dl + (qh + ql) rd + rq (dh + dl) + rq rd, so
-  below (3 2^-20 + 2^-40) |q_i d_i| (`TF32X3_SPLIT_ERROR`). The three products of TF32 values
-  (11 significant bits each) are exact in float32, so the score is a sum of 3w exact terms with
-  sum |terms| <= (1 + 2^-9) sum |q_i d_i|.
-  Accumulation: IEEE float32, rounded to nearest, in any order, errs by gamma_3w times that.
+
+def tf32x3_relative_bound(width: int, safety: float = TF32X3_SAFETY, passes: int = 3) -> float:
+  """c with |s_TF32 - s_f32| <= c |q| |d| for tables of width w: the score of `passes` TF32
+  passes (3: 3xTF32, either implementation of `tf32x3_topk`; 1: one TF32 pass, strategy
+  "tf32") against the float32 score in any summation order. Other passes: `InputError`.
+
+  What is computed, three passes: each q_i = qh + ql + rq with qh, ql TF32
+  (`pallas_topk.split_tf32` truncates: |q_i - qh| < 2^-10 |q_i|, |rq| < 2^-10 |q_i - qh| <
+  2^-20 |q_i|; XLA's split rounds, within the same bounds), the same for d_i, and the score sums
+  qh dh + qh dl + ql dh, dropping ql dl. Per product the error is ql dl + (qh + ql) rd + rq (dh
+  + dl) + rq rd, so below e_3 = (3 2^-20 + 2^-40) |q_i d_i| (`TF32_SPLIT_ERROR[3]`).
+  One pass: each q_i = qh + rq with qh its TF32 part (`split_tf32`'s hi: truncation, |rq| <
+  2^-10 |q_i|, |qh| <= |q_i|; a rounding conversion, XLA's or the tensor cores', has |rq| <=
+  2^-11 |q_i| and |qh| <= (1 + 2^-11) |q_i|, within the same bound), the same for d_i, and the
+  score sums qh dh. Per product the error is qh rd + rq dh + rq rd, so below e_1 = (2 2^-10 +
+  2^-20) |q_i d_i| (`TF32_SPLIT_ERROR[1]`).
+  The P = `passes` products of TF32 values (11 significant bits each) are exact in float32, so
+  the score is a sum of P w exact terms with sum |terms| <= (1 + 2^-9) sum |q_i d_i|.
+  Accumulation: IEEE float32, rounded to nearest, in any order, errs by gamma_Pw times that.
   Hopper's tensor cores do not round to nearest, and NVIDIA does not document their adder:
   measurements of earlier ones (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA
   tensor cores", PeerJ Computer Science 2021) find a block of p = 4 to 8 products and the
   accumulator aligned to the largest exponent and truncated, no normalisation between them:
   per block up to (p + 2) units of 2^-23 times the largest addend, i.e. at most
-  2 (1 + 2 / p) <= 3 times gamma_3w over the whole sum. `safety` (8) multiplies gamma_3w: the
+  2 (1 + 2 / p) <= 3 times gamma_Pw over the whole sum. `safety` (8) multiplies gamma_Pw: the
   model's 3 and a margin of 2.6 for what is undocumented (fewer guard bits, another block size).
   The float32 reference (the rescoring, the "xla" scan, the brute force: any order) errs by at
   most gamma_w sum |q_i d_i|. With sum |q_i d_i| <= |q| |d| (Cauchy-Schwarz):
 
-    c = 1.1 (3 2^-20 + 2^-40 + safety (1 + 2^-9) gamma_3w + gamma_w),
+    c = 1.1 (e_P + safety (1 + 2^-9) gamma_Pw + gamma_w),
 
   the 1.1 covering the float32 rounding of the bound itself (|q|, max|d| and the certificate's
   sum, each within a few units of 2^-24 of c, which is > 2^-18) and flushed subnormals
-  (absolute errors below 2^-126 a product). w = 384: c = 6.3e-4, about 0.24 for two standard
-  normal vectors (|q| |d| ~ 384). The float64 twin in the tests checks it on inputs of a wide
-  dynamic range, on the tensor cores where a GPU is lent.
+  (absolute errors below 2^-126 a product). w = 384: three passes c = 6.3e-4 (the accumulation
+  term 8 gamma_1152 = 5.5e-4 dominates), about 0.24 for two standard normal vectors (|q| |d| ~
+  384); one pass c = 2.4e-3 (e_1 = 2.0e-3 dominates, 8 gamma_384 = 1.8e-4), 3.7 times that,
+  about 0.91 for two standard normal vectors. The float64 twin in the tests checks both on
+  inputs of a wide dynamic range, on the tensor cores where a GPU is lent.
   """
-  return 1.1 * (TF32X3_SPLIT_ERROR + safety * (1 + 2.0 ** -9) * gamma(3 * width) + gamma(width))
+  check_passes(passes)
+  return 1.1 * (TF32_SPLIT_ERROR[passes] + safety * (1 + 2.0 ** -9) * gamma(passes * width)
+                + gamma(width))
 
 
-def tf32x3_group_maxima(qt: jax.Array, dt: jax.Array, group: int, emulate: bool) -> jax.Array:
-  """Each query's maximum 3xTF32 score over each group of `group` docs, in XLA (traceable):
-  qt [B, w], dt [N, w] float32 -> [B, ceil(N / G)] float32 (the last group's missing docs -inf).
+def tf32x3_group_maxima(qt: jax.Array, dt: jax.Array, group: int, emulate: bool,
+                        passes: int = 3) -> jax.Array:
+  """Each query's maximum TF32 score (`passes` 3: 3xTF32; 1: one TF32 pass) over each group of
+  `group` docs, in XLA (traceable): qt [B, w], dt [N, w] float32 -> [B, ceil(N / G)] float32
+  (the last group's missing docs -inf).
 
   On a GPU (`emulate` False) one `lax.dot_general` at `DotAlgorithmPreset.TF32_TF32_F32_X3`
-  (XLA splits both operands and runs three TF32 passes on tensor cores; XLA:CPU rejects the
-  preset); with `emulate`, `pallas_topk.tf32x3_dot` at float32 precision: the same split and
-  products (exact in float32), float32 sums. The scores are taken in doc chunks whose [B, chunk]
-  block stays within ACCEL_SCORE_BYTES, each reduced to its groups' maxima.
+  (XLA splits both operands and runs three TF32 passes on tensor cores) or, one pass,
+  `TF32_TF32_F32` (XLA:CPU rejects both presets); with `emulate` the same arithmetic at float32
+  precision: `pallas_topk.tf32x3_dot` (the same split and products, exact in float32, float32
+  sums), or one pass the dot of both operands' TF32 parts (`pallas_topk.split_tf32`'s hi,
+  truncated). The scores are taken in doc chunks whose [B, chunk] block stays within
+  ACCEL_SCORE_BYTES, each reduced to its groups' maxima.
   """
+  check_passes(passes)
   b, n = qt.shape[0], dt.shape[0]
   rows = max(group, ACCEL_SCORE_BYTES // (4 * max(1, b)) // group * group)
   parts = []
   for start in range(0, n, rows):
     part = dt[start:start + rows]
-    if emulate:
+    if emulate and passes == 3:
       s = pallas_topk.tf32x3_dot(qt, part, precision=PRECISION)
+    elif emulate:
+      s = _dot(pallas_topk.split_tf32(qt)[0], pallas_topk.split_tf32(part)[0])
     else:
-      s = lax.dot_general(qt, part, (((1,), (1,)), ((), ())),
-                          precision=lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+      preset = (lax.DotAlgorithmPreset.TF32_TF32_F32_X3 if passes == 3
+                else lax.DotAlgorithmPreset.TF32_TF32_F32)
+      s = lax.dot_general(qt, part, (((1,), (1,)), ((), ())), precision=preset,
                           preferred_element_type=jnp.float32)
     pad = -part.shape[0] % group
     if pad:
@@ -382,20 +414,20 @@ def tf32x3_select(maxima: jax.Array, groups: int, coarse: int = 1, selection: st
 
 
 @functools.partial(jax.jit, static_argnames=("k", "tiles", "groups", "pallas", "interpret",
-                                             "selection", "doc_selection", "coarse"))
+                                             "selection", "doc_selection", "coarse", "passes"))
 def _tf32x3_certified(qt, dt, k, tiles, scale, groups, pallas, interpret, selection, id_offset,
-                      slack=None, perturb=None, doc_selection=None, coarse=1
+                      slack=None, perturb=None, doc_selection=None, coarse=1, passes=3
                       ) -> tuple[TopK, jax.Array]:
   """The traceable core of `tf32x3_topk`: (TopK [B, k], certified [B] bool).
 
-  Approximate group maxima (3xTF32; `perturb` [B, ceil(N / G)] is added to them: the tests'
-  hook for an error beyond the bound), the `groups` best by (max desc, group id asc) and the
-  best maximum of the rest (`tf32x3_select`, by `selection` through coarse groups of `coarse`),
-  the groups rescored (`rescore_groups`, the docs picked by `doc_selection`, None:
-  `selection`); a query is certified when the rest's approximate maximum plus its slack [B] is
-  strictly below its k-th exact score, or when no group is left. Strict: an equal sum could
-  hide a doc of that group tying the k-th score with a lower id. The slack is `slack` [B], or
-  None: `scale` (c max|d|) times each query's norm.
+  Approximate group maxima (`passes` TF32 passes, 3 or 1; `perturb` [B, ceil(N / G)] is added
+  to them: the tests' hook for an error beyond the bound), the `groups` best by (max desc,
+  group id asc) and the best maximum of the rest (`tf32x3_select`, by `selection` through
+  coarse groups of `coarse`), the groups rescored (`rescore_groups`, the docs picked by
+  `doc_selection`, None: `selection`); a query is certified when the rest's approximate
+  maximum plus its slack [B] is strictly below its k-th exact score, or when no group is left.
+  Strict: an equal sum could hide a doc of that group tying the k-th score with a lower id. The
+  slack is `slack` [B], or None: `scale` (c max|d|) times each query's norm.
   """
   g = tiles.group
   if slack is None:
@@ -403,7 +435,7 @@ def _tf32x3_certified(qt, dt, k, tiles, scale, groups, pallas, interpret, select
   if pallas:
     maxima = pallas_topk.group_maxima(qt, dt, tiles._replace(tf32x3=True), interpret)
   else:
-    maxima = tf32x3_group_maxima(qt, dt, g, interpret)
+    maxima = tf32x3_group_maxima(qt, dt, g, interpret, passes)
   if perturb is not None:
     maxima = maxima.at[:, :perturb.shape[1]].add(perturb)
   blocks, nxt = tf32x3_select(maxima, groups, coarse, selection)
@@ -428,15 +460,16 @@ def max_doc_norm(doc_table) -> float:
 
 def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, pallas: bool = False,
                 groups: int | None = None, doc_norm: float | None = None, id_offset: int = 0,
-                selection: str | None = None, coarse: int = 1, slack=None, perturb=None
-                ) -> tuple[TopK, int]:
-  """Exact float32 top-k from 3xTF32 group maxima and a certificate: qt [B, w], dt [N, w]
+                selection: str | None = None, coarse: int = 1, slack=None, perturb=None,
+                passes: int = 3) -> tuple[TopK, int]:
+  """Exact float32 top-k from TF32 group maxima and a certificate: qt [B, w], dt [N, w]
   float32 -> (TopK [B, k], the number of queries that fell back to the float32 scan).
 
-  1. Each query's maximum over each group of G = `tiles.group` docs, approximated by 3xTF32 on
-     tensor cores (`pallas`: the Pallas kernel, `pallas_topk.group_maxima` with `tf32x3`; else
-     XLA, `tf32x3_group_maxima`): |approx - float32| <= e = c |q| max|d| for every doc, c =
-     `tf32x3_relative_bound(w)`.
+  1. Each query's maximum over each group of G = `tiles.group` docs, approximated on tensor
+     cores by `passes` TF32 passes, 3 (3xTF32; `pallas`: the Pallas kernel,
+     `pallas_topk.group_maxima` with `tf32x3`; else XLA, `tf32x3_group_maxima`) or 1 (one
+     TF32 pass, XLA only): |approx - float32| <= e = c |q| max|d| for every doc, c =
+     `tf32x3_relative_bound(w, passes=passes)`.
   2. The m = `groups` best groups by approximate maximum (ties: the lower group id), picked
      directly or through coarse groups of `coarse` groups (`tf32x3_select`: two small
      selections instead of one over every group), are rescored in float32
@@ -454,7 +487,7 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
   Args:
     qt: [B, w]; dt: [N, w] (float32); k: results per query (k > N: -inf / NO_DOC slots).
     tiles: `pallas_topk.Tiles` (None: `pallas_topk.default_tiles(B, w)`; XLA uses its group).
-    pallas: the Pallas kernel ("tf32x3_pallas") rather than XLA ("tf32x3").
+    pallas: the Pallas kernel ("tf32x3_pallas") rather than XLA ("tf32x3", "tf32").
     groups: m >= k groups rescored (None: TF32X3_GROUPS_PER_K k).
     doc_norm: max|d| of the table (`max_doc_norm`; None: computed here, one more table read).
     id_offset: added to every real id.
@@ -466,6 +499,8 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
     coarse: groups per coarse group of the groups' selection (1: one selection over all).
     slack: [B] or scalar e per query instead of c |q| max|d| (tests), perturb: [B, ceil(N / G)]
       added to the approximate maxima (tests: an error beyond the bound).
+    passes: TF32 passes, 3 ("tf32x3", "tf32x3_pallas") or 1 ("tf32"; not with `pallas`);
+      `TF32_PASSES` maps each strategy to its passes.
   """
   qt, dt = jnp.asarray(qt, jnp.float32), jnp.asarray(dt, jnp.float32)
   b = qt.shape[0]
@@ -473,6 +508,7 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
   groups = TF32X3_GROUPS_PER_K * k if groups is None else groups
   if groups < k:
     raise input_error(f"must be >= k = {k}, got {groups}", file="retrieval", field="groups")
+  check_passes(passes, pallas)
   if not isinstance(coarse, (int, np.integer)) or coarse < 1:
     raise input_error(f"must be an integer >= 1, got {coarse!r}", file="retrieval",
                       field="coarse")
@@ -481,7 +517,7 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
   scale = 0.0
   if slack is None:
     doc_norm = max_doc_norm(dt) if doc_norm is None else doc_norm
-    scale = tf32x3_relative_bound(qt.shape[1]) * doc_norm
+    scale = tf32x3_relative_bound(qt.shape[1], passes=passes) * doc_norm
   else:
     slack = jnp.broadcast_to(jnp.asarray(slack, jnp.float32), (b,))
   # scale and id_offset go in as Python numbers: no device op of their own per call
@@ -489,7 +525,7 @@ def tf32x3_topk(qt, dt, k: int, tiles: pallas_topk.Tiles | None = None, *, palla
                               pallas_topk.interpret_default(), selection, int(id_offset),
                               slack, None if perturb is None else jnp.asarray(perturb,
                                                                               jnp.float32),
-                              doc_selection, int(coarse))
+                              doc_selection, int(coarse), int(passes))
   failed = np.flatnonzero(~np.asarray(ok))
   if failed.size:
     p = pad_rows(failed, b)
@@ -772,10 +808,10 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     id_offset: added to every returned id.
     row_valid: None or [N] bool; False rows are never returned (they must leave >= k rows).
     strategy: "xla" (the chunked scan), "pallas" (the fused kernel, `fused_topk`),
-      "pallas_blockmax" (group maxima by a kernel, `blockmax_topk`) or "tf32x3" /
-      "tf32x3_pallas" (3xTF32 group maxima + a certificate, `tf32x3_topk`, which computes the
-      table's max|d| once per call); chunk, block, unroll and row_valid apply to "xla" only
-      (None: `default_strategy`).
+      "pallas_blockmax" (group maxima by a kernel, `blockmax_topk`), "tf32x3" /
+      "tf32x3_pallas" (3xTF32 group maxima + a certificate, `tf32x3_topk`) or "tf32" (one
+      TF32 pass, the same way), each TF32 strategy computing the table's max|d| once per
+      call; chunk, block, unroll and row_valid apply to "xla" only (None: `default_strategy`).
     tiles: the Pallas kernel's `pallas_topk.Tiles` (None: `pallas_topk.default_tiles`).
 
   Returns:
@@ -799,7 +835,7 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
                       f"{strategy!r}", file="retrieval", field="strategy")
   qt = jnp.asarray(query_table)
   dt = jnp.asarray(doc_table)
-  norm = max_doc_norm(dt) if strategy in TF32X3_STRATEGIES else None
+  norm = max_doc_norm(dt) if strategy in TF32_PASSES else None
   parts = []
   for start in range(0, qt.shape[0], query_chunk):
     tile = qt[start:start + query_chunk]
@@ -812,9 +848,10 @@ def topk(query_table, doc_table, k: int, *, chunk: int | None = None, block: int
     elif strategy == "pallas_blockmax":
       res = _blockmax_jit(tile, dt, k, tiles, jnp.int32(id_offset),
                           pallas_topk.interpret_default(), selection)
-    elif strategy in TF32X3_STRATEGIES:
+    elif strategy in TF32_PASSES:
       res, _ = tf32x3_topk(tile, dt, k, tiles, pallas=strategy == "tf32x3_pallas",
-                           doc_norm=norm, id_offset=id_offset, selection=selection)
+                           doc_norm=norm, id_offset=id_offset, selection=selection,
+                           passes=TF32_PASSES[strategy])
     else:
       res = _topk_jit(tile, dt, row_valid, k, chunk, block, jnp.int32(id_offset), unroll,
                       selection)
