@@ -27,6 +27,24 @@ def test_keep_freed_memory_sets_glibc_thresholds_once():
     assert after == "default allocator"
 
 
+def test_an_accelerator_host_keeps_the_default(monkeypatch, tmp_path):
+  """JAX_PLATFORMS names the platform first; unset, an accelerator's device file decides."""
+  monkeypatch.setattr(allocator, "_applied", False)
+  monkeypatch.setattr(allocator, "_accelerator", False)
+  monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
+  assert allocator.accelerator_host()
+  assert allocator.keep_freed_memory() is False
+  assert allocator.describe() == "default allocator (an accelerator's host)"
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  assert not allocator.accelerator_host()
+  monkeypatch.delenv("JAX_PLATFORMS")
+  device = tmp_path / "nvidia0"
+  monkeypatch.setattr(allocator, "_ACCELERATOR_FILES", (str(device),))
+  assert not allocator.accelerator_host()
+  device.write_text("")
+  assert allocator.accelerator_host()
+
+
 def test_without_mallopt_nothing_changes(monkeypatch):
   monkeypatch.setattr(allocator, "_applied", False)
   monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
