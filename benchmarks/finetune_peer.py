@@ -13,7 +13,8 @@ hard negative) triplets, the very same triplets in the same order (the project's
 query from its hard pool: BM25's top `--hard_depth`, InsuranceQA's listed negatives), texts cut
 at `--max_length` tokens; softmax over the batch's positives and hard negatives at scale 20
 (temperature 0.05); AdamW at `--lr` (betas 0.9 / 0.999, eps 1e-8, no weight decay), linear
-warm-up over `--warmup` steps, then cosine decay to 0; gradients clipped at norm 1; float32; no
+warm-up over `--warmup` steps, then cosine decay to 0; gradients clipped at norm 1; float32 (on an
+NVIDIA GPU both sides' matmuls in TF32, jax's default there: the peer turns it on); no
 dropout (the project's encoders have none: the peer's is set to 0).
   * project: `train.finetune.fit` (mode two_tower, shared, loss mnrl): one jitted step over the
     jax devices; each batch cut to its longest text (rounded up to a power of two) and, with
@@ -237,6 +238,9 @@ def peer(work: Work, args) -> dict:
     from sentence_transformers import losses, models
   from sentence_transformers.base.sampler import DefaultBatchSampler
   device = "cuda" if torch.cuda.is_available() else "cpu"
+  if device == "cuda":  # jax's float32 matmuls on an NVIDIA GPU (Ampere on) are TF32 by default
+    torch.backends.cuda.matmul.allow_tf32 = True  # (the project's step); torch's are not: the
+    torch.backends.cudnn.allow_tf32 = True        # same precision on both sides
   torch.manual_seed(args.seed)
   body = models.Transformer(work.encoder.path, max_seq_length=args.max_length, config_kwargs={
       "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
@@ -284,7 +288,7 @@ def peer(work: Work, args) -> dict:
           "examples_per_s": timed * args.batch_size / seconds, "first_loss": logged[0],
           "device": f"torch {torch.__version__} {device}" + (
               f" ({torch.get_num_threads()} threads)" if device == "cpu" else
-              f" ({torch.cuda.get_device_name()})")}
+              f" ({torch.cuda.get_device_name()}, TF32 matmuls)")}
 
 
 def main(argv=None) -> dict:
