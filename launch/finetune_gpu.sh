@@ -20,8 +20,10 @@
 # Environment: BUDGET_S (seconds for all runs, default 520), OUT (default runs/ft_gpu_out), WORK
 # (default runs/ft_gpu), DATA (default .carry/insuranceqa), MODEL (default .carry/minilm_fp16),
 # RUNS (default "peer table late"), BATCH (queries per step, default 64), STEPS (fine-tune steps,
-# default 202: one epoch of the 12,889 training questions), LATE_STEPS (the fine-tuned late-
-# interaction rows' steps, default 806: one epoch at their batch of 16), PYTHON (default python3).
+# default 202: one epoch of the 12,889 training questions), EVAL_EVERY (the table's fine-tunes'
+# dev cadence in steps, default STEPS / 2: the two-tower one re-encodes the corpus each time),
+# LATE_STEPS (the fine-tuned late-interaction rows' steps, default 806: one epoch at their batch
+# of 16), PYTHON (default python3).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1   # paths below are the repository's
 
@@ -33,6 +35,7 @@ MODEL=${MODEL:-.carry/minilm_fp16}
 RUNS=${RUNS:-peer table late}
 BATCH=${BATCH:-64}
 STEPS=${STEPS:-202}
+EVAL_EVERY=${EVAL_EVERY:-$((STEPS / 2 > 0 ? STEPS / 2 : 1))}
 LATE_STEPS=${LATE_STEPS:-806}
 PYTHON=${PYTHON:-python3}
 
@@ -54,7 +57,8 @@ for name in ${RUNS}; do
     table)
       budget_run table "${WORK}/table" "${PYTHON}" -m bilinear_ir.main \
         --config="configs/finetune.py:collection=insuranceqa,steps=${STEPS}" \
-        --config.finetune.batch_size="${BATCH}" "${JOB[@]}" --workdir="${WORK}/table" ;;
+        --config.finetune.batch_size="${BATCH}" --config.finetune.eval_every="${EVAL_EVERY}" \
+        "${JOB[@]}" --workdir="${WORK}/table" ;;
     late)
       budget_run late "${WORK}/late" "${PYTHON}" -m bilinear_ir.main \
         --config="configs/late_interaction.py:collection=insuranceqa,distill=false" \
