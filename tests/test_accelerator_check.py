@@ -127,10 +127,12 @@ def test_every_tile_config_parses_and_fits_shared_memory():
     assert t.td % t.group == 0 and t.tq >= 16 and t.wk <= 128, cfg
   assert topk.shared_bytes(topk.parse_tiles("64.64.16.4.2.g16", 384, tf32x3=True)) == \
       2 * topk.shared_bytes(topk.parse_tiles("64.64.16.4.2.g16", 384))
-  # the XLA TF32 configs (one pass and three) name the group only
+  # the XLA TF32 configs (one pass and three): a power-of-two group and tf32x3_topk's options
   for name in topk.XLA_TF32_STRATEGIES:
-    assert [topk.parse_tiles(c, 384).group for c in topk.TILE_SWEEP[name]["few"]] == \
-        [32, 64, 128]
+    for cfg in (c for group in topk.TILE_SWEEP[name].values() for c in group):
+      g = topk.parse_tiles(cfg, 384).group
+      assert g >= 16 and g & (g - 1) == 0, cfg
+      assert set(topk.tf32x3_options(cfg)) <= {"coarse", "groups", "selection"}, cfg
   # ... and optionally tf32x3_topk's coarse groups, m and selection
   assert topk.parse_tiles("g32.c32.m12.argmax", 384).group == 32
   assert topk.tf32x3_options("g32.c32.m12.argmax") == {"coarse": 32, "groups": 12,
