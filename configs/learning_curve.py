@@ -16,8 +16,10 @@ insuranceqa-data 1.2, the `iqa` extra; scifact; or a BEIR folder or zip with a t
 embeddings (mean, cls, mpnet-mean, ... or precomputed:DIR), seeds, sizes (a size larger than
 the training split means all of it), grid (bool: select lr x temperature on dev per run),
 models (wdp, lowrank, bilinear, mol, mol_residual, adapter; "learned", the
-dev-selected one, is always added), ranks (of the residual I + P Q^T rows), max_steps, quick
-(bool: one seed, sizes 100+1000, mean only, wdp + lowrank r = 32: a smoke run).
+dev-selected one, is always added), ranks (of the residual I + P Q^T rows), max_steps,
+finetunes (query_tower, two_tower: the encoder itself fine-tuned at every n as one more row per
+mode, `configs/finetune.py`'s recipe; default none), finetune_epochs (of each fine-tune over its
+n queries), quick (bool: one seed, sizes 100+1000, mean only, wdp + lowrank r = 32: a smoke run).
 """
 from ml_collections import ConfigDict
 
@@ -32,7 +34,7 @@ def get_config(arg=None):
                                 "sizes": (100, 300, 1000, 3000, 12889),
                                 "models": ("wdp", "lowrank", "bilinear", "adapter"),
                                 "ranks": (32,), "max_steps": 2000, "grid": False,
-                                "quick": False})
+                                "finetunes": (), "finetune_epochs": 1.0, "quick": False})
   quick = a["quick"]
   c = ConfigDict()
   c.job = "learning_curve"
@@ -75,5 +77,14 @@ def get_config(arg=None):
   c.mol_residual = blocks.mol_row()
   c.mol_residual.residual = "dot"
   c.mol_train = blocks.mol_train()
+  # finetunes=query_tower+two_tower: per n, the encoder fine-tuned on the same subset of each
+  # seed (`experiment.finetuning.curve_rows`), one row per mode, beside the learned
+  # similarities: configs/finetune.py's recipe (MNRL, batches of 64 queries, AdamW with warm-up),
+  # `finetune_epochs` epochs of the n queries, `evals` dev evaluations, step 0 a candidate.
+  c.modes = a["finetunes"] if not quick else ()
+  c.finetune_epochs = a["finetune_epochs"]
+  c.finetune = blocks.finetune_config()
+  del c.finetune.mode
+  c.finetune.loss = "mnrl"
   c.distributed = False
   return c

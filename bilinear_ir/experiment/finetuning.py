@@ -3,8 +3,9 @@ set's training queries, selected on dev and evaluated on test over the full corp
 
     setting = Setting.of(recipe, prepared, splitset)   # the encoder, its settings, the texts
     out = run(setting, cfg, seed, measures, depth, select_metric, checkpoint_dir)  # one seed
-    row, params = finetune_row(setting, recipe, mode_config(config.finetune, mode),
-                               config.seeds, ...)  # all seeds: the row named by its mode
+    row, params = finetune_row([setting] * len(config.seeds), recipe,
+                               mode_config(config.finetune, mode), config.seeds, ...)
+    rows = curve_rows(config, table, workdir)  # a learning curve's fine-tunes at every n
     rows, models = table_rows(config, table, workdir)  # the table runner's rows + fine-tunes
 
 Both sides rank by the dot product of pooled vectors (the encoder's pooling and normalisation,
@@ -34,6 +35,7 @@ from bilinear_ir.experiment import costs
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
 from bilinear_ir.experiment import training
+from bilinear_ir.experiment import validation
 from bilinear_ir.scorers import registry
 from bilinear_ir.train import finetune
 
@@ -166,24 +168,26 @@ def mode_config(cfg: ml_collections.ConfigDict, mode: str) -> ml_collections.Con
   return out
 
 
-def finetune_row(setting: Setting, recipe, cfg: ml_collections.ConfigDict, seeds: Sequence[int],
-                 measures: Sequence[str], depth: int, select_metric: str, workdir: str | None
-                 ) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The fine-tune row over `seeds` (one `run` each, checkpointing in `training.run_dir`:
-  `<embedding>-<mode>-<loss>-seed<seed>-<key>`, so a rerun resumes) and the first seed's chosen
-  params.
+def finetune_row(settings: Sequence[Setting], recipe, cfg: ml_collections.ConfigDict,
+                 seeds: Sequence[int], measures: Sequence[str], depth: int, select_metric: str,
+                 workdir: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The fine-tune row over `seeds` (one `run` each, `settings[i]` at `seeds[i]`: the same
+  setting for every seed in a table, the seed's own training subset on a learning curve;
+  checkpointing in `training.run_dir`: `<embedding>-<mode>-<loss>-seed<seed>-<key>`, the key
+  covering the split set, so a rerun resumes) and the first seed's chosen params.
 
   Returns:
     ({"model": cfg.mode ("query_tower", "two_tower"), "metrics", "per_query" {qid: first
     measure} (seed means), "dev", "best_steps", "history" (step 0's loss null), "finetune":
-    {"mode", "steps", "seconds", "device", "reindex_seconds"}}, params).
+    {"mode", "steps", "seconds", "device", "reindex_seconds", "train_queries" (per seed)}},
+    params).
   """
   outs = [run(setting, cfg, seed, measures, depth, select_metric, training.run_dir(
               workdir, {"finetune": cfg.to_dict(), "encoder": recipe.encoder.to_dict(),
                         "train": recipe.train.to_dict(), "seed": seed},
               setting.prepared, setting.splitset,
               f"{recipe.name}-{cfg.mode}-{cfg.loss}-seed{seed}"))
-          for seed in seeds]
+          for setting, seed in zip(settings, seeds, strict=True)]
   m0 = measures[0]
   row = {"model": cfg.mode,
          "metrics": rows_lib.query_means([o["per_query"] for o in outs], measures),
@@ -195,8 +199,62 @@ def finetune_row(setting: Setting, recipe, cfg: ml_collections.ConfigDict, seeds
          "finetune": {"mode": cfg.mode, "steps": int(cfg.steps),
                       "seconds": round(sum(o["seconds"] for o in outs), 3),
                       "device": device(),
-                      "reindex_seconds": round(max(o["reindex_seconds"] for o in outs), 3)}}
+                      "reindex_seconds": round(max(o["reindex_seconds"] for o in outs), 3),
+                      "train_queries": [len(st.splitset.train.query_ids) for st in settings]}}
   return row, outs[0]["params"]
+
+
+def check_modes(config, required: bool) -> None:
+  """Refuses a bad `config.modes` (each fine-tune mode once; at least one where `required`), a
+  bad `finetune` block for any of them (`finetune.check_config`) and precomputed embeddings (a
+  fine-tune trains the encoder). Exit code 2, naming the field."""
+  modes = config.modes
+  require(isinstance(modes, (tuple, list)) and len(set(modes)) == len(modes)
+          and (len(modes) > 0 or not required),
+          f"must name each mode once{' (at least one)' if required else ''}, got {modes!r}",
+          field="modes")
+  for mode in modes:
+    validation.one_of(mode, finetune.MODES, "modes")
+    finetune.check_config(mode_config(config.finetune, mode))
+  if modes:
+    for name in config.embeddings:
+      require(not name.startswith("precomputed:"), "a fine-tune trains the encoder: name one "
+              f"(mean, cls, ...), not {name!r}", field="embeddings")
+
+
+def curve_config(config, mode: str, n: int) -> ml_collections.ConfigDict:
+  """The `finetune` block of a learning curve's fine-tune at n training queries: `mode`,
+  `config.finetune_epochs` epochs of the n queries (steps = ceil(epochs n / batch_size), at
+  least 1), `config.evals` dev evaluations besides step 0 (every steps // evals steps, at
+  least 1), warm-up over 10% of the steps (at most 100), as the finetune job's."""
+  cfg = mode_config(config.finetune, mode)
+  steps = max(1, math.ceil(float(config.finetune_epochs) * n / int(cfg.batch_size)))
+  with cfg.unlocked():
+    cfg.steps = steps
+    cfg.eval_every = max(1, steps // int(config.evals))
+    cfg.warmup_steps = min(100, steps // 10)
+  return cfg
+
+
+def curve_rows(config, table, workdir: str | None) -> list[dict[str, Any]]:
+  """A learning curve's fine-tune rows: per cell of `table` (one embedding at one n) and entry
+  of `config.modes`, one `finetune_row` over the seeds, each seed's run trained on that seed's
+  subset of n training queries (`Cell.trained_on`; dev and test as the curve's other rows) at
+  `curve_config`'s length. Returns the rows, the cell's fields ("n_train", ...) first."""
+  measures, sel = list(config.eval.measures), config.train.select_metric
+  rows, frozen = [], {}
+  for cell in table.cells if config.modes else ():
+    name = cell.recipe.name
+    if name not in frozen:  # the encoder, loaded once per embedding
+      frozen[name] = Setting.of(cell.recipe, cell.prepared, cell.splitsets[0])
+    settings = [dataclasses.replace(frozen[name], prepared=cell.prepared,
+                                    splitset=cell.trained_on(seed)[0]) for seed in config.seeds]
+    for mode in config.modes:
+      row, _ = finetune_row(settings, cell.recipe,
+                            curve_config(config, mode, int(cell.fields["n_train"])),
+                            config.seeds, measures, int(config.eval.depth), sel, workdir)
+      rows.append({**cell.fields, **row})
+  return rows
 
 
 def device() -> str:
@@ -222,9 +280,9 @@ def table_rows(config, table, workdir: str | None
     setting = Setting.of(cell.recipe, cell.prepared, cell.splitsets[0])
     tuned = {}
     for mode in config.modes:
-      tuned[mode], params = finetune_row(setting, cell.recipe, mode_config(config.finetune, mode),
-                                         config.seeds, measures, int(config.eval.depth), sel,
-                                         workdir)
+      tuned[mode], params = finetune_row([setting] * len(config.seeds), cell.recipe,
+                                         mode_config(config.finetune, mode), config.seeds,
+                                         measures, int(config.eval.depth), sel, workdir)
       models[f"{cell.recipe.name}-{mode}"] = (setting, params)
     cost = costs.table_costs(config, cell, runs, tuned)
     mine = dict(zip([s["name"] for s in shown], table.rows[i * len(shown):(i + 1) * len(shown)]))

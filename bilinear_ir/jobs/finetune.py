@@ -44,15 +44,7 @@ def validate(config) -> None:
           "the table compares every row with a row named 'dot' of type dot", field="rows")
   validation.integer(config.latency.batch, "latency.batch", 1)
   validation.integer(config.latency.repeats, "latency.repeats", 1)
-  require(isinstance(config.modes, (tuple, list)) and len(config.modes) > 0
-          and len(set(config.modes)) == len(config.modes),
-          f"must name each mode once, got {config.modes!r}", field="modes")
-  for mode in config.modes:
-    validation.one_of(mode, finetune.MODES, "modes")
-    finetune.check_config(finetuning.mode_config(config.finetune, mode))
-  for name in config.embeddings:
-    require(not name.startswith("precomputed:"), "a fine-tune trains the encoder: name one "
-            f"(mean, cls, ...), not {name!r}", field="embeddings")
+  finetuning.check_modes(config, required=True)
 
 
 def run(config, workdir: str) -> outputs.Report:

@@ -7,7 +7,9 @@ best on dev among dot and the trained models. Per n and model: paired tests agai
 test queries and over the unseen-answer ones (`studies.curve_subsets.unseen_answer_queries`), each
 Holm-adjusted over the n of the curve (one family per embedding, model and view). Beside the
 curve, per embedding, the hybrid of dot with BM25 (lam chosen on dev) and the learned similarity
-at the largest n compared with it on every test query.
+at the largest n compared with it on every test query. With `config.modes`, the encoder
+itself fine-tuned on each seed's subset at every n, one row per mode
+(`experiment.finetuning.curve_rows`), compared with dot the same way.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from bilinear_ir import progress
 from bilinear_ir.errors import require
 from bilinear_ir.eval import stats
 from bilinear_ir.experiment import compare
+from bilinear_ir.experiment import finetuning
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import table as table_lib
 from bilinear_ir.experiment import validation
@@ -33,6 +36,8 @@ def validate(config) -> None:
   validation.integer(config.max_steps, "max_steps", 1)
   validation.integer(config.evals, "evals", 1)
   validation.check_rows(config, MODELS)
+  validation.real(config.finetune_epochs, "finetune_epochs", low=0.0, low_open=True)
+  finetuning.check_modes(config, required=False)
 
 
 def run(config, workdir: str) -> outputs.Report:
@@ -65,7 +70,7 @@ def run(config, workdir: str) -> outputs.Report:
                 config, train, curve.positive_pairs(cut.train)))
 
   table = table_lib.run(config, cells(), workdir)
-  rows = table.rows
+  rows = table.rows + finetuning.curve_rows(config, table, workdir)
   for cell, runs in zip(table.cells, table.runs):  # the dot product's hybrid with BM25
     if cell.recipe.name not in hybrids:
       h = table_lib.hybrid(config, cell, {"type": "hybrid"}, runs["dot"]).fits[0][0]
@@ -91,6 +96,8 @@ def run(config, workdir: str) -> outputs.Report:
              "seeds": list(config.seeds), "sizes": sorted(unseen_queries),
              "holm": "over the n of the curve: one family per embedding, model and view (all "
                      "test queries; unseen-answer queries)",
-             "learned": "per seed, the candidate best on dev among dot and the trained models"}
+             "learned": "per seed, the candidate best on dev among dot and the trained models",
+             "finetunes": {"modes": list(config.modes), "epochs": float(config.finetune_epochs),
+                           "loss": config.finetune.loss}}
   return outputs.Report(results=results, markdown=report.markdown(results, config),
                         figures={"learning_curve": report.plot(results, config)})

@@ -25,6 +25,7 @@ from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import finetuning
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.jobs import finetune as job
+from bilinear_ir.jobs import learning_curve as curve_job
 from bilinear_ir.report import outputs
 from conftest import WORDS
 from conftest import get_config
@@ -32,7 +33,7 @@ from conftest import write_model
 
 QUERY_WORDS, DOC_WORDS = WORDS[:17], WORDS[17:34]  # word i of a query <-> word i of its doc
 DOCS, TRAIN, DEV, TEST, SHARED = 60, 32, 12, 16, 4
-FT_FIELDS = {"mode", "steps", "seconds", "device", "reindex_seconds"}
+FT_FIELDS = {"mode", "steps", "seconds", "device", "reindex_seconds", "train_queries"}
 TRAINED = ("bilinear", "adapter")  # the trained rows over the frozen embeddings, in the test
 
 
@@ -149,6 +150,7 @@ def test_rows_and_their_fields(done):
   for mode in ("query_tower", "two_tower"):
     f = rows[mode]["finetune"]
     assert set(f) == FT_FIELDS and f["mode"] == mode and f["steps"] == 8
+    assert f["train_queries"] == [TRAIN]
     assert f["seconds"] > 0 and " x " in f["device"]
     assert [h["step"] for h in rows[mode]["history"][0]] == [0, 4, 8]
   assert rows["query_tower"]["finetune"]["reindex_seconds"] == 0.0  # the index never changes
@@ -299,3 +301,31 @@ def test_two_tower_refuses_the_corpus_loss():
   config = get_config("finetune", "modes=two_tower+two_tower")
   with pytest.raises(InputError, match="modes"):
     job.validate(config)
+
+
+def test_the_learning_curve_fine_tunes_each_seeds_subset_at_every_n(planted):
+  """learning_curve with finetunes=query_tower: at every n one fine-tune row, trained on the n
+  queries of the seed's subset (not the whole training split) for ceil(epochs n / batch)
+  steps, compared with dot like the curve's other rows (Holm over the n of the curve)."""
+  root, folder, model = planted
+  c = get_config("learning_curve", f"collection={folder},embeddings=mean,seeds=0,sizes=8+{TRAIN},"
+                                   "models=wdp,max_steps=4,finetunes=query_tower,"
+                                   "finetune_epochs=1.5")
+  c.encoder.model, c.encoder.cache_dir, c.encoder.max_length = model, os.path.join(root, "cache"), 16
+  c.train.hard_depth = 5
+  c.evals = 2
+  c.finetune.update(dict(batch_size=8, lr=2e-3, checkpoint_every=2))
+  c.eval.depth = 20
+  c.stats.resamples = 200
+  c.lock()
+  curve_job.validate(c)
+  results = curve_job.run(c, os.path.join(root, "w-curve")).results
+  tuned = [r for r in results["rows"] if r["model"] == "query_tower"]
+  assert [r["n_train"] for r in tuned] == [8, TRAIN]
+  for r in tuned:
+    n = r["n_train"]
+    f = r["finetune"]
+    assert f["train_queries"] == [n] and f["steps"] == int(np.ceil(1.5 * n / 8)), f
+    assert [h["step"] for h in r["history"][0]][-1] == f["steps"]
+    assert r["vs_dot"]["n"] == TEST and r["vs_dot"]["p_holm"] >= r["vs_dot"]["p_perm"]
+  assert results["finetunes"] == {"modes": ["query_tower"], "epochs": 1.5, "loss": "mnrl"}
