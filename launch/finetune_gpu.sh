@@ -8,6 +8,8 @@
 #          all test questions and on the unseen-answer ones, with what each row recovers and costs.
 #   late   the late-interaction job's fine-tuned rows (de_ft, colbert_ft, lite_ft) beside dot and
 #          the frozen ColBERT: LITE fine-tuned jointly against ColBERT fine-tuned (paper 004).
+#   curve  (not in the default RUNS) the learning curve of MiniLM mean at n = CURVE_SIZES with the
+#          query-tower and two-tower fine-tunes as rows beside the learned similarities.
 #
 #   bash launch/finetune_gpu.sh            # inputs packed by launch/pack_device_inputs.py
 #
@@ -23,7 +25,7 @@
 # default 202: one epoch of the 12,889 training questions), EVAL_EVERY (the table's fine-tunes'
 # dev cadence in steps, default STEPS / 2: the two-tower one re-encodes the corpus each time),
 # LATE_STEPS (the fine-tuned late-interaction rows' steps, default 806: one epoch at their batch
-# of 16), PYTHON (default python3).
+# of 16), CURVE_SIZES (default 1000+3000+12889), PYTHON (default python3).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1   # paths below are the repository's
 
@@ -37,6 +39,7 @@ BATCH=${BATCH:-64}
 STEPS=${STEPS:-202}
 EVAL_EVERY=${EVAL_EVERY:-$((STEPS / 2 > 0 ? STEPS / 2 : 1))}
 LATE_STEPS=${LATE_STEPS:-806}
+CURVE_SIZES=${CURVE_SIZES:-1000+3000+12889}
 PYTHON=${PYTHON:-python3}
 
 source launch/budget_runs.sh
@@ -66,7 +69,12 @@ for name in ${RUNS}; do
         --config.finetune.steps="${LATE_STEPS}" \
         --config.finetune.eval_every="$((LATE_STEPS / 4))" "${JOB[@]}" \
         --workdir="${WORK}/late" ;;
-    *) echo "unknown run ${name} (RUNS: peer, table, late)"; exit 2 ;;
+    curve)
+      budget_run curve "${WORK}/curve" "${PYTHON}" -m bilinear_ir.main \
+        --config="configs/learning_curve.py:collection=insuranceqa,embeddings=mean,seeds=0,\
+sizes=${CURVE_SIZES},finetunes=query_tower+two_tower" --config.finetune.batch_size="${BATCH}" \
+        "${JOB[@]}" --workdir="${WORK}/curve" ;;
+    *) echo "unknown run ${name} (RUNS: peer, table, late, curve)"; exit 2 ;;
   esac
   rc=$?
   if ((rc == 124)); then exit 124; fi   # the budget is spent: later runs would not start either
