@@ -246,12 +246,13 @@ def test_normalised_projection_gradients_over_padding_are_those_of_the_real_toke
   def total(p, *x):
     return jnp.sum(module.apply({"params": p}, *x, method=module.score_all))
 
-  grads = jax.grad(total)(params, _garbage(q, qm, 17), qm, _garbage(d, dm, 18), dm)
+  grad = jax.jit(jax.grad(total))  # one compile per pair's shapes, not op by op
+  grads = grad(params, _garbage(q, qm, 17), qm, _garbage(d, dm, 18), dm)
   twin = jax.tree.map(jnp.zeros_like, params)
   for b in range(B):
     for n in range(N):
-      g = jax.grad(total)(params, q[b:b + 1][:, qm[b]], qm[b:b + 1][:, qm[b]],
-                          d[n:n + 1][:, dm[n]], dm[n:n + 1][:, dm[n]])
+      g = grad(params, q[b:b + 1][:, qm[b]], qm[b:b + 1][:, qm[b]],
+               d[n:n + 1][:, dm[n]], dm[n:n + 1][:, dm[n]])
       twin = jax.tree.map(jnp.add, twin, g)
   for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(twin)):
     assert bool(jnp.all(jnp.isfinite(got)))

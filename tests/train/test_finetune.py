@@ -62,11 +62,21 @@ def setup(tmp_path_factory):
 
 
 def ft_cfg(**overrides):
+  """The tests' block: two_tower fits default to two towers (`shared=False`), the config of the
+  eight-device step test, so the twins and the bfloat16 test reuse its compiled step."""
   c = blocks.finetune_config()
   c.update(dict(batch_size=8, hard_negatives=2, steps=6, eval_every=2, warmup_steps=0,
-                lr=1e-3, checkpoint_every=2, corpus_chunk=5))
+                lr=1e-3, checkpoint_every=2, corpus_chunk=5, shared=False))
   c.update(overrides)
   return c
+
+
+@functools.lru_cache
+def one_device():
+  """A data mesh of one device: every test but the eight-device one trains there (a step
+  compiles in half the time of the 8-device one)."""
+  return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",),
+                           axis_types=(jax.sharding.AxisType.Auto,))
 
 
 @functools.lru_cache
@@ -81,17 +91,19 @@ def vectors(encoder, params, ids, mask):
 
 
 def one_step(encoder, data, cfg, mesh=None, step=0):
-  """(spec, state before (a copy), state after, metrics) of step `step`'s batch."""
+  """(spec, state before (a copy), state after, metrics) of step `step`'s batch, on `mesh`
+  (default `one_device()`)."""
   spec = finetune.make_spec(cfg, encoder, "mean", True)
-  mesh = mesh or finetune.data_mesh()
+  mesh = mesh or one_device()
   state = finetune.init_state(finetune.init_params(encoder, cfg), spec, mesh)
   before = jax.tree.map(np.array, state)
   sampler = BatchSampler(data.trainset, cfg.batch_size, 0 if cfg.loss == "corpus" else
                          cfg.hard_negatives, 0, cfg.loss != "corpus", seed=0)
   b = sampler.batch(step)
   batch = finetune.batch_arrays(spec, data, b)
-  if cfg.loss == "corpus":
-    batch["corpus"] = data.doc_vectors
+  if cfg.loss == "corpus":  # placed as `fit` places it (one compiled step for both)
+    batch["corpus"] = jax.device_put(np.asarray(data.doc_vectors, np.float32),
+                                     jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   after, metrics = finetune.make_train_step(spec, mesh)(state, batch)
   return spec, before, jax.tree.map(np.array, after), jax.tree.map(float, metrics), b
 
@@ -145,11 +157,9 @@ def test_corpus_loss_of_the_step_matches_numpy_twin(setup):
 def test_one_step_on_eight_devices_equals_one_device(setup):
   encoder, _, _, _, data = setup
   assert jax.device_count() == 8
-  one_mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",),
-                               axis_types=(jax.sharding.AxisType.Auto,))
   cfg = ft_cfg(mode="two_tower", shared=False)
-  _, before, one, m1, _ = one_step(encoder, data["two_tower"], cfg, one_mesh)
-  _, _, eight, m8, _ = one_step(encoder, data["two_tower"], cfg)
+  _, before, one, m1, _ = one_step(encoder, data["two_tower"], cfg)
+  _, _, eight, m8, _ = one_step(encoder, data["two_tower"], cfg, finetune.data_mesh())
   # Same math, other summation orders (the batch's gradient is summed across devices): the loss
   # and the gradient norm agree to float32 rounding.
   np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=1e-5)
@@ -190,7 +200,8 @@ def test_killed_fit_resumes_to_the_same_numbers(setup, tmp_path):
   encoder, _, _, _, data = setup
   tt = data["two_tower"]
   cfg = ft_cfg(mode="two_tower", shared=True)
-  whole = finetune.fit(encoder, tt, cfg, seed=5, evaluate=dev_metric(encoder, tt))
+  whole = finetune.fit(encoder, tt, cfg, seed=5, evaluate=dev_metric(encoder, tt),
+                       mesh=one_device())
   calls = []
 
   def dying(params):
@@ -200,10 +211,12 @@ def test_killed_fit_resumes_to_the_same_numbers(setup, tmp_path):
     return dev_metric(encoder, tt)(params)
 
   with pytest.raises(KeyboardInterrupt):
-    finetune.fit(encoder, tt, cfg, seed=5, evaluate=dying, checkpoint_dir=str(tmp_path))
+    finetune.fit(encoder, tt, cfg, seed=5, evaluate=dying, checkpoint_dir=str(tmp_path),
+                 mesh=one_device())
   seen = []
   resumed = finetune.fit(encoder, tt, cfg, seed=5, checkpoint_dir=str(tmp_path),
-                         evaluate=lambda p: seen.append(1) or dev_metric(encoder, tt)(p))
+                         evaluate=lambda p: seen.append(1) or dev_metric(encoder, tt)(p),
+                         mesh=one_device())
   assert len(seen) == 2  # steps 4 and 6: steps 0 and 2 came from the checkpoint
   assert [h["step"] for h in whole.history] == [0, 2, 4, 6]
   np.testing.assert_equal(resumed.history, whole.history)  # NaN loss at step 0 included
@@ -218,7 +231,8 @@ def test_query_tower_leaves_the_doc_side_frozen(setup, monkeypatch):
   frozen_params = jax.tree.map(np.array, encoder.params)
   frozen_docs = qt.doc_vectors.copy()
   for loss in ("mnrl", "corpus"):
-    result = finetune.fit(encoder, qt, ft_cfg(mode="query_tower", loss=loss), seed=1)
+    result = finetune.fit(encoder, qt, ft_cfg(mode="query_tower", loss=loss), seed=1,
+                          mesh=one_device())
     assert set(result.params) == {"query"}
     changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), result.params["query"],
                            frozen_params)
@@ -246,8 +260,10 @@ def test_two_tower_towers(setup):
   encoder, _, _, _, data = setup
   tt = data["two_tower"]
   # steps as the other tests' (the same compiled train steps)
-  shared = finetune.fit(encoder, tt, ft_cfg(mode="two_tower", shared=True), seed=1)
-  apart = finetune.fit(encoder, tt, ft_cfg(mode="two_tower", shared=False), seed=1)
+  shared = finetune.fit(encoder, tt, ft_cfg(mode="two_tower", shared=True), seed=1,
+                        mesh=one_device())
+  apart = finetune.fit(encoder, tt, ft_cfg(mode="two_tower", shared=False), seed=1,
+                       mesh=one_device())
   assert set(shared.params) == {"shared"} and set(apart.params) == {"query", "doc"}
   leaf = lambda p: np.asarray(p["layer_1"]["output"]["kernel"])
   base = leaf(encoder.params)
@@ -271,14 +287,15 @@ def test_bfloat16_compute_keeps_float32_master_params(setup):
 
 
 def test_remat_gives_the_same_gradients(setup):
+  """On the query tower (one encoder's backward pass: half the graph of two towers')."""
   encoder, _, _, _, data = setup
-  tt = data["two_tower"]
+  qt = data["query_tower"]
   grads = {}
   for remat in (False, True):
-    spec = finetune.make_spec(ft_cfg(mode="two_tower", remat=remat), encoder, "mean", True)
-    b = BatchSampler(tt.trainset, 8, 2, 0, True, seed=0).batch(0)
-    batch = finetune.batch_arrays(spec, tt, b)
-    params = finetune.init_params(encoder, ft_cfg(mode="two_tower"))
+    spec = finetune.make_spec(ft_cfg(mode="query_tower", remat=remat), encoder, "mean", True)
+    b = BatchSampler(qt.trainset, 8, 2, 0, True, seed=0).batch(0)
+    batch = finetune.batch_arrays(spec, qt, b)
+    params = finetune.init_params(encoder, ft_cfg(mode="query_tower"))
     fn = jax.jit(jax.grad(lambda p, b: finetune.loss(spec, p, b)))
     assert ("remat" in str(jax.make_jaxpr(fn)(params, batch))) == remat  # remat2: jax.checkpoint
     grads[remat] = fn(params, batch)
