@@ -38,11 +38,11 @@ def test_finished_runs_are_copied_and_a_spent_budget_starts_nothing(tmp_path):
 
 
 def test_a_failed_run_lets_the_next_run_and_exits_with_its_status(tmp_path):
-  """The table job refuses the missing data folder (exit 2, naming the field); the late run
-  still starts (and fails the same way); nothing is marked done."""
-  proc = _script(tmp_path, BUDGET_S=200, DATA=tmp_path / "missing", RUNS="table late")
+  """The table job refuses the missing data folder (exit 2, naming the field); the late and
+  curve runs still start (and fail the same way); nothing is marked done."""
+  proc = _script(tmp_path, BUDGET_S=200, DATA=tmp_path / "missing", RUNS="table late curve")
   assert proc.returncode == 2, proc.stdout + proc.stderr
-  for name in ("table", "late"):
+  for name in ("table", "late", "curve"):
     log = (tmp_path / "out" / f"{name}.log").read_text()
     assert "data.path" in log and f"{name}: rc 2" in log, log
   assert not os.listdir(tmp_path / "work" / "done")
