@@ -73,13 +73,21 @@ def best_on_dev(items: Sequence[Any], dev_of: Callable[[Any], float | None]) -> 
   return max(items, key=dev_of)
 
 
+def without_run(fit: dict[str, Any]) -> dict[str, Any]:
+  """A fit (`training.train_and_evaluate`'s out) without its "run": a table reads per-query
+  metrics, and a run dict (query -> doc -> score, `eval.depth` deep) is 100 MB at 2,000 queries
+  x 1,000 docs, which a curve's 75 runs per embedding would each keep to the end."""
+  return {k: v for k, v in fit.items() if k != "run"}
+
+
 def seed_runs(recipe: spec_lib.Recipe, spec: Mapping[str, Any], seeds: Sequence[int],
               prepared: pipeline.Prepared, splitset: pipeline.SplitSet,
               train: Mapping[str, Any] | None = None,
               each: Callable[[int, dict[str, Any]], None] | None = None,
               workdir: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
   """`training.train_and_evaluate` of row `spec` (`Recipe.row`, with the `train` changes) at
-  every seed, each out with its "seconds"; `each(seed, out)` after each. With a `workdir`, each
+  every seed, each out with its "seconds" and `without_run`; `each(seed, out)` after each. With a
+  `workdir`, each
   run checkpoints in its own folder (`training.run_dir`: "<embedding>-<name>-seed<seed>", name
   default `tables.row_slug(spec)`), so a killed job's rerun resumes it."""
   outs = []
@@ -88,7 +96,8 @@ def seed_runs(recipe: spec_lib.Recipe, spec: Mapping[str, Any], seeds: Sequence[
     folder = training.run_dir(workdir, row, prepared, splitset,
                               f"{recipe.name or 'run'}-{name or tables.row_slug(spec)}-seed{seed}")
     started = time.perf_counter()
-    out = training.train_and_evaluate(row, prepared, splitset, workdir=folder, progress=False)
+    out = without_run(training.train_and_evaluate(row, prepared, splitset, workdir=folder,
+                                                  progress=False))
     out["seconds"] = time.perf_counter() - started
     outs.append(out)
     if each is not None:

@@ -150,9 +150,9 @@ def run_cell(config, cell: Cell, workdir: str | None,
     if kind == "dot":
       key = (cell.recipe.name, tuple(id(s) for s in cell.splitsets))
       if dots is None or key not in dots:
-        fits = [training.train_and_evaluate(cell.recipe.row({"scorer": "dot"}, cell.recipe.seed),
-                                            cell.prepared, s, progress=False)
-                for s in cell.splitsets]
+        fits = [rows_lib.without_run(training.train_and_evaluate(
+                    cell.recipe.row({"scorer": "dot"}, cell.recipe.seed), cell.prepared, s,
+                    progress=False)) for s in cell.splitsets]
         if dots is not None:
           dots[key] = fits
       runs[spec["name"]] = Runs(spec, [dots[key] if dots is not None else fits])
