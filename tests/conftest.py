@@ -7,6 +7,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import dataclasses  # noqa: E402  pylint: disable=wrong-import-position
+import functools  # noqa: E402  pylint: disable=wrong-import-position
 import json  # noqa: E402  pylint: disable=wrong-import-position
 import socket  # noqa: E402  pylint: disable=wrong-import-position
 import subprocess  # noqa: E402  pylint: disable=wrong-import-position
@@ -282,6 +283,14 @@ def random_prepared(data_cfg, bm25_cfg, dim: int, seed: int = 0):
       query_ids=qids, queries=rng.normal(size=(len(qids), dim)).astype(np.float32), manifest={})
   idx, scores, model = pipeline.bm25_ranking(coll, qids, bm25_cfg)
   return pipeline.Prepared(coll, emb, np.asarray(idx), np.asarray(scores, np.float32), model)
+
+
+@functools.lru_cache
+def one_device() -> jax.sharding.Mesh:
+  """A data mesh of one device (axis "data"): where a claim is not about sharding, a fine-tune
+  step compiles in half the time of the 8-device one."""
+  return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",),
+                           axis_types=(jax.sharding.AxisType.Auto,))
 
 
 def jit_apply(module, method, params, *args):

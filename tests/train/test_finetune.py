@@ -23,6 +23,7 @@ from bilinear_ir.encoders.base import pool
 from bilinear_ir.errors import InputError
 from bilinear_ir.train import finetune
 from conftest import WORDS
+from conftest import one_device
 from conftest import write_model
 
 Q, N, L = 8, 24, 16
@@ -69,14 +70,6 @@ def ft_cfg(**overrides):
                 lr=1e-3, checkpoint_every=2, corpus_chunk=5, shared=False))
   c.update(overrides)
   return c
-
-
-@functools.lru_cache
-def one_device():
-  """A data mesh of one device: every test but the eight-device one trains there (a step
-  compiles in half the time of the 8-device one)."""
-  return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",),
-                           axis_types=(jax.sharding.AxisType.Auto,))
 
 
 @functools.lru_cache
