@@ -306,6 +306,18 @@ def one_device() -> jax.sharding.Mesh:
                            axis_types=(jax.sharding.AxisType.Auto,))
 
 
+@pytest.fixture(scope="module")
+def one_device_training():
+  """Trains (`trainer.train`) and fine-tunes (`finetune.fit`) on `one_device()` for the tests of
+  a module (`pytestmark = pytest.mark.usefixtures("one_device_training")`): for files whose module
+  fixtures run a job and none of whose claims is about sharding."""
+  from bilinear_ir.train import finetune, trainer  # pylint: disable=g-import-not-at-top
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(trainer, "data_mesh", one_device)
+    patch.setattr(finetune, "data_mesh", one_device)
+    yield
+
+
 def jit_apply(module, method, params, *args):
   """`module.apply(..., method=method)` jitted (one compile instead of op-by-op dispatch)."""
   return jax.jit(lambda p, *a: module.apply({"params": p}, *a, method=method))(params, *args)
