@@ -1,8 +1,12 @@
-"""pytest setup: 8 fake CPU devices (set before jax is imported) and shared fixtures."""
+"""pytest setup: 8 fake CPU devices and, on the CPU, XLA optimisation level 0 (both set before jax
+is imported), and shared fixtures."""
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Test programs are small: compiling them dominates, and LLVM's optimisation is most of a compile
+# (on the CPU; the accelerator check runs some tests on the default backend, JAX_PLATFORMS="").
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8" + (
+    " --xla_backend_optimization_level=0" if os.environ["JAX_PLATFORMS"] == "cpu" else ""))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -51,15 +55,24 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def xla_flags(devices: int = 1) -> str:
+  """This session's XLA_FLAGS less its device count (the compile flags), plus a count of
+  `devices` CPU devices when `devices` > 1."""
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  if devices > 1:
+    flags.append(f"--xla_force_host_platform_device_count={devices}")
+  return " ".join(flags)
+
+
 def main_env(devices: int = 1, **extra: str) -> dict:
   """The environment of `python -m bilinear_ir.main` as a user runs it: the CPU, `devices` CPU
-  devices (1: no XLA_FLAGS), this checkout first on PYTHONPATH, no injected fault; plus `extra`."""
+  devices (1: no forced count; the session's compile flags kept, see `xla_flags`), this
+  checkout first on PYTHONPATH, no injected fault; plus `extra`."""
   env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
   env.pop("BILINEAR_IR_FAULT", None)
-  if devices > 1:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO, **extra)
+  env.update(XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  env.update(extra)
   return env
 
 
@@ -291,6 +304,18 @@ def one_device() -> jax.sharding.Mesh:
   step compiles in half the time of the 8-device one."""
   return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",),
                            axis_types=(jax.sharding.AxisType.Auto,))
+
+
+@pytest.fixture(scope="module")
+def one_device_training():
+  """Trains (`trainer.train`) and fine-tunes (`finetune.fit`) on `one_device()` for the tests of
+  a module (`pytestmark = pytest.mark.usefixtures("one_device_training")`): for files whose module
+  fixtures run a job and none of whose claims is about sharding."""
+  from bilinear_ir.train import finetune, trainer  # pylint: disable=g-import-not-at-top
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(trainer, "data_mesh", one_device)
+    patch.setattr(finetune, "data_mesh", one_device)
+    yield
 
 
 def jit_apply(module, method, params, *args):

@@ -17,6 +17,7 @@ from bilinear_ir.export import faiss_index
 from bilinear_ir.export import saved_model
 from bilinear_ir.export import sentence_transformers
 from bilinear_ir.train import trainer
+from conftest import main_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,7 +77,7 @@ def test_missing_extra_through_main_is_one_line(tmp_path):
                          scorers.init_params(module, jax.random.key(0)),
                          {"kind": "flax", "model": "", "pooling": "mean", "normalize": True,
                           "max_length": 32, "query_prompt": "", "doc_prompt": ""})
-  env = dict(os.environ, PYTHONPATH=str(tmp_path / "stub"), XLA_FLAGS="")
+  env = main_env(PYTHONPATH=str(tmp_path / "stub"))
   out = subprocess.run([sys.executable, "-m", "bilinear_ir.main",
                         f"--config=configs/export.py:model_dir={tmp_path / 'model'}",
                         f"--workdir={tmp_path / 'w'}"], cwd=REPO, env=env, capture_output=True,

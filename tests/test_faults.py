@@ -23,7 +23,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import REPO, write_beir
+from conftest import REPO, main_env, write_beir
 
 TRAIN = ("--config.train.steps=120", "--config.train.eval_every=40",
          "--config.train.checkpoint_every=10", "--config.train.hard_negatives=0")
@@ -39,10 +39,7 @@ def _cmd(workdir, data, bert, cache, *extra):
 
 
 def _env(fault=None):
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # one CPU device, as a user runs it
-  env.pop("BILINEAR_IR_FAULT", None)
-  env["PYTHONPATH"] = REPO
+  env = main_env()  # one CPU device, as a user runs it
   if fault:
     env["BILINEAR_IR_FAULT"] = fault
   return env

@@ -10,6 +10,8 @@ import tempfile
 
 import pytest
 
+from conftest import main_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -99,7 +101,7 @@ def outcomes(tmp_path_factory):
   cases = _cases(root)
   missing = {name: _first_missing(workdir) for name, (_, workdir, _) in cases.items()}
   before = _tree(root)
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = main_env()
   procs = {name: subprocess.Popen(
       [sys.executable, "-m", "bilinear_ir.main", *args, f"--workdir={workdir}"], cwd=REPO,
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

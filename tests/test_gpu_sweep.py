@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bilinear_ir.retrieval import exact
+from conftest import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
@@ -54,8 +55,7 @@ def test_loop_max_is_the_row_max():
 
 def test_tiny_sweep_writes_one_json_and_summary(tmp_path):
   out = tmp_path / "sweep"
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
+  env = dict(os.environ, XLA_FLAGS=xla_flags())
   proc = subprocess.run(
       [sys.executable, os.path.join(REPO, "benchmarks", "gpu_sweep.py"), "--out", str(out),
        "--scale", "0.002", "--items", "3000", "--mol-n", "200,400", "--mol-chunks", "1024", "--mol-rescore-chunks", "64",

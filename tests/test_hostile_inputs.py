@@ -17,7 +17,7 @@ import zlib
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, main_env
 
 LIMIT = 6 << 30  # RLIMIT_AS of the child, bytes
 MIB = 1 << 20
@@ -37,8 +37,7 @@ _LAUNCHER = ("import resource, subprocess, sys\n"
 
 def _stats(tmp_path, fmt: str, path: str, *extra: str) -> tuple[int, str, float]:
   """Runs the collection_stats job on `path` under the limit: (exit code, stderr, peak RSS MiB)."""
-  env = dict(os.environ, PYTHONPATH=REPO)
-  env.pop("XLA_FLAGS", None)
+  env = main_env()
   proc = subprocess.run(
       [sys.executable, "-c", _LAUNCHER, sys.executable, "-m", "bilinear_ir.main",
        "--config=configs/collection_stats.py", f"--config.data.format={fmt}",

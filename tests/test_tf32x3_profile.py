@@ -8,6 +8,8 @@ import sys
 
 import numpy as np
 
+from conftest import main_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
@@ -24,8 +26,7 @@ def test_host_certificate_is_strict():
 
 def test_reduced_run_writes_every_config(tmp_path):
   out = tmp_path / "p.json"
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = main_env()
   proc = subprocess.run(
       [sys.executable, os.path.join(REPO, "benchmarks", "tf32x3_profile.py"), "--reduced",
        "--out", str(out), "--cases", "q32_d1000000_n384_k10", "--groups", "32,128",

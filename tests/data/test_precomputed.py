@@ -15,6 +15,7 @@ from bilinear_ir.data import pipeline
 from bilinear_ir.data import precomputed
 from bilinear_ir.errors import InputError
 from conftest import REPO
+from conftest import main_env
 from conftest import write_beir
 from conftest import write_model
 
@@ -184,7 +185,7 @@ def outcomes(collection, shuffled, beir, tmp_path_factory):
          "--config.data.format=beir", f"--config.data.path={beir}",
          "--config.encoder.kind=precomputed", f"--config.encoder.path={bad}",
          "--config.train.steps=2", f"--workdir={work}"], cwd=REPO,
-        env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"), stdout=subprocess.PIPE,
+        env=main_env(), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True), named, work)
   out = {}
   for name, (proc, named, work) in procs.items():
@@ -229,7 +230,7 @@ def test_embed_then_precomputed_trains_to_the_same_numbers(beir, tmp_path):
   data = ["--config.data.format=beir", f"--config.data.path={beir}"]
   train = ["--config.train.steps=10", "--config.train.eval_every=5",
            "--config.train.batch_size=4"]
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = main_env()
   run = lambda *args: subprocess.run([sys.executable, "-m", "bilinear_ir.main", *args], cwd=REPO,
                                      env=env, capture_output=True, text=True, timeout=600)
   out = run("--config=configs/embed.py:pooling=mean", *enc, *data, f"--workdir={tmp_path / 'e'}")

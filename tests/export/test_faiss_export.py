@@ -1,5 +1,4 @@
 """FAISS flat export over doc_table equals the JAX exact path; faiss stays out of other modules."""
-import os
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ from bilinear_ir import scorers
 from bilinear_ir.errors import InputError
 from bilinear_ir.export import faiss_index
 from bilinear_ir.retrieval import exact
-from conftest import REPO
+from conftest import REPO, main_env
 
 
 
@@ -50,8 +49,7 @@ def test_faiss_is_imported_only_by_export_faiss_index():
           "from bilinear_ir.export import faiss_index; "
           "faiss_index.export_faiss(__import__('bilinear_ir.scorers', fromlist=['x'])"
           ".build('dot', dim=2), {}, [[1.0, 2.0]]); assert 'faiss' in sys.modules")
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = main_env()
   proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -31,6 +31,10 @@ from conftest import WORDS
 from conftest import get_config
 from conftest import write_model
 
+# No claim here is about sharding: the jobs train and fine-tune on one device (fewer, smaller
+# compiles).
+pytestmark = pytest.mark.usefixtures("one_device_training")
+
 QUERY_WORDS, DOC_WORDS = WORDS[:17], WORDS[17:34]  # word i of a query <-> word i of its doc
 DOCS, TRAIN, DEV, TEST, SHARED = 60, 32, 12, 16, 4
 FT_FIELDS = {"mode", "steps", "seconds", "device", "reindex_seconds", "train_queries"}

@@ -17,7 +17,7 @@ from bilinear_ir.jobs import late_interaction as job
 from bilinear_ir.report import late_interaction as job_report
 from bilinear_ir.retrieval import candidates
 from bilinear_ir.train import trainer
-from conftest import REPO, write_beir
+from conftest import REPO, main_env, write_beir
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,8 +200,7 @@ def test_bad_config_is_an_input_error_before_any_data_is_read(field, value):
 @pytest.mark.parametrize("arg,field", [("sizes=300+x", "'sizes'"),
                                        ("collection=no/such/folder", "'collection'")])
 def test_bad_arguments_exit_2_with_one_line_and_nothing_written(tmp_path, arg, field):
-  env = dict(os.environ, PYTHONPATH=REPO)
-  env.pop("XLA_FLAGS", None)
+  env = main_env()
   proc = subprocess.run([sys.executable, "-m", "bilinear_ir.main",
                          f"--config=configs/late_interaction.py:{arg}",
                          f"--workdir={tmp_path / 'w'}"], cwd=REPO, env=env, capture_output=True,
@@ -231,8 +230,7 @@ def test_job_end_to_end_writes_the_documented_rows(tmp_path, tiny_bert_dir):
          # dominate this test; the other loss is checked against numpy above)
          "--config.rows=('dot','colbert','mebert','lite','lite_flat','knrm','hybrid')",
          "--config.distill.losses=('kl',)"]
-  env = dict(os.environ, PYTHONPATH=REPO)
-  env.pop("XLA_FLAGS", None)
+  env = main_env()
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   res = json.loads((w / "results.json").read_text())

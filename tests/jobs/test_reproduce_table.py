@@ -12,6 +12,8 @@ from bilinear_ir.jobs import reproduce_table
 from bilinear_ir.report import reproduce_table as table_report
 from conftest import get_config, write_beir
 
+# No claim here is about sharding: the job trains on one device (fewer, smaller compiles).
+pytestmark = pytest.mark.usefixtures("one_device_training")
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ from bilinear_ir.experiment import table as table_lib
 from bilinear_ir.jobs import study
 from conftest import get_config, write_beir
 
+# No claim here is about sharding: the jobs train on one device (fewer, smaller compiles).
+pytestmark = pytest.mark.usefixtures("one_device_training")
 
 
 def _config(collections, cache):

@@ -44,11 +44,8 @@ def worker(process_id: int, port: int, out: str) -> None:
 
 def test_two_processes_equal_one(tmp_path):
   # Here, not at the top: this file also runs as a worker script, outside pytest.
-  from conftest import free_port  # pylint: disable=g-import-not-at-top
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)   # one CPU device per process
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = REPO
+  from conftest import free_port, main_env  # pylint: disable=g-import-not-at-top
+  env = main_env()  # one CPU device per process
   port = free_port()
   procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker", str(i),
                              str(port), str(tmp_path)], cwd=REPO, env=env,
