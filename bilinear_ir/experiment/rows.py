@@ -87,8 +87,9 @@ def seed_runs(recipe: spec_lib.Recipe, spec: Mapping[str, Any], seeds: Sequence[
               workdir: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
   """`training.train_and_evaluate` of row `spec` (`Recipe.row`, with the `train` changes) at
   every seed, each out with its "seconds" and `without_run`; `each(seed, out)` after each. With a
-  `workdir`, each run checkpoints in its own folder (`training.run_dir`: "<embedding>-<name>-seed<seed>", name
-  default `tables.row_slug(spec)`), so a killed job's rerun resumes it."""
+  `workdir`, each run checkpoints in its own folder (`training.run_dir`:
+  "<embedding>-<name>-seed<seed>", name default `tables.row_slug(spec)`), so a killed job's rerun
+  resumes it."""
   outs = []
   for seed in seeds:
     row = recipe.row(spec, seed, train)
