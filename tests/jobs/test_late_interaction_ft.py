@@ -19,9 +19,7 @@ from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.jobs import late_interaction as job
 from bilinear_ir.studies.late_interaction import finetuned
 from bilinear_ir.studies.late_interaction import setting as setting_lib
-from bilinear_ir.train import finetune
 from conftest import get_config
-from conftest import one_device
 from conftest import write_beir
 
 FT_ROWS = ("de_ft", "colbert_ft", "lite_ft", "mebert_ft")
@@ -99,10 +97,10 @@ def test_candidates_encoded_again_by_the_frozen_weights_rank_as_the_cache(tmp_pa
   assert np.abs(d_all[0].astype(np.float32) - setting.tokens.docs[every]).max() > 1e-2
 
 
-def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir, monkeypatch):
+@pytest.mark.usefixtures("one_device_training")
+def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir):
   # Each row trains on one device (no claim here is about sharding: a step compiles in half
   # the time of the 8-device one); the row still names the process's devices.
-  monkeypatch.setattr(finetune, "data_mesh", one_device)
   c = tiny_config(tmp_path, tiny_bert_dir)
   job.validate(c)
   main.run(c, str(tmp_path / "w"))
