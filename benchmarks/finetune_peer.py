@@ -19,8 +19,8 @@ dropout (the project's encoders have none: the peer's is set to 0).
   * project: `train.finetune.fit` (mode two_tower, shared, loss mnrl): one jitted step over the
     jax devices; each batch cut to its longest text (rounded up to a power of two) and, with
     `--pack` (the default), padding-free: the Transformer layers run on the batch's real tokens
-    only (`encoders.layers.Packing`), attention in two halves (the batch's shorter half at its
-    own width, the rest at the batch's); the same loss and gradients. One warm-up run first
+    only (`encoders.layers.Packing`), attention in groups of texts of similar length, each at
+    its own width; the same loss and gradients. One warm-up run first
     (it compiles the step for every batch shape of the run), then the timed run.
   * peer: `SentenceTransformerTrainer` with `MultipleNegativesRankingLoss(scale=20)` on torch
     (CUDA when present, else the CPU with `torch.get_num_threads()` threads), the triplets fed
@@ -165,7 +165,8 @@ def warm_up(work: Work, cfg, seed: int) -> dict:
   state per shape) and counts the tokens each side's encoder computes.
 
   Returns:
-    {"compiled_shapes", "tokens_per_step": {"project": the packed rows (or padded tokens) per
+    {"compiled_shapes", "compile_seconds" (the warm-up steps, compilation included: outside
+    the timed run), "tokens_per_step": {"project": the packed rows (or padded tokens) per
     step, "peer": queries, positives and negatives each padded to their longest}} (means).
   """
   spec = finetune.make_spec(cfg, work.encoder, work.data.pooling, work.data.normalize)
@@ -177,7 +178,8 @@ def warm_up(work: Work, cfg, seed: int) -> dict:
   for i in range(cfg.steps):
     b = sampler.batch(i)
     arrays = finetune.batch_arrays(spec, work.data, b, mesh.devices.size)
-    shapes.setdefault(tuple(sorted((k, v.shape) for k, v in arrays.items())), arrays)
+    shape = tuple(sorted((k, str(jax.tree.map(np.shape, v))) for k, v in arrays.items()))
+    shapes.setdefault(shape, arrays)
     ours.append(sum(arrays[f"{s}_rows"].size if cfg.pack else arrays[f"{s}_ids"].size
                     for s in ("q", "d")))
     B = len(b.q_rows)
@@ -185,10 +187,12 @@ def warm_up(work: Work, cfg, seed: int) -> dict:
     theirs.append(B * (lengths(work.data.queries, b.q_rows)
                        + lengths(work.data.docs, b.cand_rows[:B])
                        + lengths(work.data.docs, b.cand_rows[B:])))
+  t0 = time.perf_counter()
   for arrays in shapes.values():
     state = finetune.init_state(finetune.init_params(work.encoder, cfg), spec, mesh)
     jax.block_until_ready(step(state, arrays))
-  return {"compiled_shapes": len(shapes), "tokens_per_step": {
+  return {"compiled_shapes": len(shapes), "compile_seconds": round(time.perf_counter() - t0, 1),
+          "tokens_per_step": {
       "project": float(np.mean(ours)), "peer": float(np.mean(theirs))}}
 
 

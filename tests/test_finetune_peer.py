@@ -43,8 +43,10 @@ def test_tiny_run_prints_project_peer_and_ratio(tmp_path, capsys, distinct):
   assert set(run) == {"project", "peer", "ratio"}
   common = {"metrics", "seconds", "examples_per_s", "device", "first_loss"}
   assert set(run["peer"]) == common
-  assert set(run["project"]) == common | {"compiled_shapes", "tokens_per_step", "padding_free"}
+  assert set(run["project"]) == common | {"compiled_shapes", "compile_seconds", "tokens_per_step",
+                                         "padding_free"}
   assert run["project"]["padding_free"] and run["project"]["compiled_shapes"] >= 1
+  assert run["project"]["compile_seconds"] > 0
   # every packed token is a real one, or one of the few rows rounding T up (`packed_rows`)
   tokens = run["project"]["tokens_per_step"]
   assert 0 < tokens["project"] <= 1.125 * tokens["peer"] + 32

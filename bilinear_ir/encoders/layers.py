@@ -9,9 +9,10 @@ the real tokens' outputs; a row whose keys are all padding (an empty batch row) 
 Padding-free layers: given a `Packing` of the batch, a layer's input is the batch's T real tokens
 [T, n] instead of [B, L, n]; every token-wise part (the QKV and output projections, the feed-
 forward block, the LayerNorms) runs on those T rows only, and attention alone unpacks them, in
-two halves: the shorter half of the rows at its own width, the rest at L. The outputs of the real
-tokens are those of the padded layer; the work drops from B * L to T tokens (half of it on
-InsuranceQA's answers, padded to 256 but 114 tokens long on average).
+groups of rows of similar length (`packing`'s `groups`: the rows sorted by length and cut into
+equal parts), each group at its own width. The outputs of the real tokens are those of the padded
+layer; the work drops from B * L to T tokens (half of it on InsuranceQA's answers, padded to 256
+but 114 tokens long on average).
 """
 from __future__ import annotations
 
@@ -99,18 +100,17 @@ class Packing(NamedTuple):
       tokens point at B * L (a row of zeros: `pack` appends one).
     slots: [B, L] int32: the packed row of each position; T on padding (`unpack` appends a row
       of zeros there).
-    short: [Bs, Ls] int32 (Bs = B // 2): attention's first half, the slots of the batch's Bs
-      shortest rows cut to their own width Ls (`trimmed_width`).
-    long: [B - Bs, L] int32: the slots of the other rows.
-    half_rows: [T] int32: each packed row's position in the halves' flat concatenation
-      (`short` then `long`, S = Bs * Ls + (B - Bs) * L positions); S after the real tokens.
-    (`pack` and `unpack` read `rows` and `slots` only: a Packing without halves is a layout.)
+    groups: attention's groups, a tuple of [Bg, Lg] int32: the slots of the g-th part of the
+      rows sorted by length (shortest first; the parts' sizes sum to B), cut to the part's own
+      width Lg (`trimmed_width`).
+    group_rows: [T] int32: each packed row's position in the groups' flat concatenation
+      (S = sum of Bg * Lg positions); S after the real tokens.
+    (`pack` and `unpack` read `rows` and `slots` only: a Packing without groups is a layout.)
   """
   rows: jnp.ndarray
   slots: jnp.ndarray
-  short: jnp.ndarray | None = None
-  long: jnp.ndarray | None = None
-  half_rows: jnp.ndarray | None = None
+  groups: tuple[jnp.ndarray, ...] | None = None
+  group_rows: jnp.ndarray | None = None
 
 
 def packed_rows(real: int, multiple: int = 1) -> int:
@@ -133,19 +133,25 @@ def trimmed_width(mask: np.ndarray) -> int:
   return min(width, mask.shape[1])
 
 
-def packing(mask: np.ndarray, rows: int | None = None) -> Packing:
+ATTENTION_GROUPS = 4
+
+
+def packing(mask: np.ndarray, rows: int | None = None, groups: int = ATTENTION_GROUPS
+            ) -> Packing:
   """The `Packing` of a padded batch, as host arrays.
 
-  Attention runs in two halves: the shorter half of the rows at their own width (a power of
-  two), the rest at L. On InsuranceQA's answers (median 93 tokens, a batch's longest 256) the
-  short half fits in 128 and attention's work drops to 5/8.
+  Attention runs in `groups` parts of the rows sorted by length, each at its own width (a power
+  of two): the parts' sizes depend on B only, so a run compiles a few width combinations. On
+  InsuranceQA's answers (median 93 tokens, a batch's longest 256) attention's work drops to
+  about 5/8 of the padded batch's with 2 groups and below 1/2 with 4.
 
   Args:
     mask: [B, L] int, 1 on real tokens (a prefix of each row).
     rows: T >= the real tokens (default `packed_rows` of their count).
+    groups: parts (at least 1; at most B of them hold rows).
 
   Returns:
-    `Packing` of numpy int32 arrays (rows [T], slots [B, L], short, long, half_rows).
+    `Packing` of numpy int32 arrays (rows [T], slots [B, L], groups, group_rows).
   """
   mask = np.asarray(mask) != 0
   flat = np.flatnonzero(mask.reshape(-1)).astype(np.int32)
@@ -157,14 +163,15 @@ def packing(mask: np.ndarray, rows: int | None = None) -> Packing:
   slots = np.full(mask.size, total, np.int32)
   slots[flat] = np.arange(flat.size, dtype=np.int32)
   slots = slots.reshape(mask.shape)
+  if groups < 1:
+    raise input_error(f"must be at least 1, got {groups}", field="groups")
   order = np.argsort(mask.sum(axis=1), kind="stable")
-  first = order[:mask.shape[0] // 2]
-  short = slots[first, :trimmed_width(mask[first])]
-  long = slots[order[mask.shape[0] // 2:]]
-  layout = np.concatenate([short.reshape(-1), long.reshape(-1)])
-  half_rows = np.full(total, layout.size, np.int32)
-  half_rows[layout[layout < total]] = np.flatnonzero(layout < total).astype(np.int32)
-  return Packing(out, slots, short, long, half_rows)
+  parts = tuple(slots[part, :trimmed_width(mask[part])]
+                for part in np.array_split(order, groups) if part.size)
+  layout = np.concatenate([part.reshape(-1) for part in parts])
+  group_rows = np.full(total, layout.size, np.int32)
+  group_rows[layout[layout < total]] = np.flatnonzero(layout < total).astype(np.int32)
+  return Packing(out, slots, parts, group_rows)
 
 
 def _pack(x: jnp.ndarray, p: Packing) -> jnp.ndarray:
@@ -274,7 +281,7 @@ class SelfAttention(nn.Module):
       bias: [B, 1, 1, L] additive padding bias (`padding_bias`).
       extra_bias: optional [1, h, L, L] additive score bias (MPNet's relative positions).
       packed: the batch's `Packing` from `packing` (padding-free: the projections run on the
-        T rows, attention in its two halves).
+        T rows, attention in its groups).
 
     Returns:
       [B, L, n] the output projection of the attention context ([T, n] with `packed`).
@@ -286,7 +293,7 @@ class SelfAttention(nn.Module):
     if packed is None:
       context = self._attend(qkv, bias, extra_bias, None)  # [B, L, h, d]
     else:
-      context = self._attend_halves(qkv, packed, extra_bias)  # [T, h, d]
+      context = self._attend_groups(qkv, packed, extra_bias)  # [T, h, d]
     return nn.DenseGeneral(n, axis=(-2, -1), precision=self.precision, name="out")(context)
 
   def _attend(self, qkv: jnp.ndarray, bias: jnp.ndarray, extra_bias: jnp.ndarray | None,
@@ -301,17 +308,17 @@ class SelfAttention(nn.Module):
                      self.precision, chunk)  # [B, h, L, d]
     return jnp.transpose(context, (0, 2, 1, 3))
 
-  def _attend_halves(self, qkv: jnp.ndarray, packed: Packing,
+  def _attend_groups(self, qkv: jnp.ndarray, packed: Packing,
                      extra_bias: jnp.ndarray | None) -> jnp.ndarray:
-    """Padding-free attention in `packed`'s two halves (the short rows at their own width):
-    qkv [T, 3, h, d] -> the context [T, h, d]. Each half attends as a whole (the backward pass
-    of the CPU's chunked loop costs more than it saves in training)."""
+    """Padding-free attention in `packed`'s groups (each at its own width): qkv [T, 3, h, d] ->
+    the context [T, h, d]. Each group attends as a whole (the backward pass of the CPU's
+    chunked loop costs more than it saves in training)."""
     total = qkv.shape[0]
-    halves = (packed.short, packed.long)  # [Bs, Ls], [B - Bs, L]
-    layout = Packing(packed.half_rows, jnp.concatenate([s.reshape(-1) for s in halves])[None])
+    layout = Packing(packed.group_rows,
+                     jnp.concatenate([s.reshape(-1) for s in packed.groups])[None])
     flat = unpack(qkv, layout)[0]  # [S, 3, h, d]
     contexts, start = [], 0
-    for slots in halves:
+    for slots in packed.groups:  # [Bg, Lg]
       size = slots.size
       part = flat[start:start + size].reshape(*slots.shape, *flat.shape[1:])
       bias = padding_bias(slots != total, qkv.dtype)

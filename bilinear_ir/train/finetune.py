@@ -251,8 +251,8 @@ def loss(spec: Spec, params: dict[str, Any], batch: dict[str, jnp.ndarray]) -> j
     params: the trained towers (`init_params`).
     batch: `batch_arrays`' dict: "q_ids", "q_mask" [B, Lq]; query_tower "docs" [C, n] frozen
       vectors, two_tower "d_ids", "d_mask" [C, Ld]; with `spec.pack` each side's `Packing`
-      (`layers.Packing`'s fields: "q_rows" [Tq], "q_slots" [B, Lq], "q_short", "q_long",
-      "q_half_rows"; the same for "d" with C, Ld, Td); "mnrl": "mask"
+      (`layers.Packing`'s fields: "q_rows" [Tq], "q_slots" [B, Lq], "q_groups" (a tuple of
+      [Bg, Lg]), "q_group_rows" [Tq]; the same for "d" with C, Ld, Td); "mnrl": "mask"
       [B, C] (False: not a negative of that query); "corpus": "relevant" [B, R] doc rows (-1 padded) and "corpus"
       [N, n], with C = B (each query's positive).
     With a token head (two_tower, mnrl): the head's `score_all` of the queries' token states
@@ -319,8 +319,8 @@ def make_train_step(spec: Spec, mesh: jax.sharding.Mesh | None = None
                     ) -> Callable[[dict, dict], tuple[dict, dict]]:
   """The jitted `step(state, batch) -> (state, {"loss", "grad_norm"})` over `mesh` (default
   `trainer.data_mesh()`): every batch array split on "data" along its first axis (B or C, a
-  multiple of the device count) but "corpus" and the packings' attention halves (replicated:
-  B / 2 rows need not split); the state replicated and donated.
+  multiple of the device count) but "corpus" and the packings' attention groups (replicated:
+  B / groups rows need not split); the state replicated and donated.
   One per (spec, mesh) per process, so fits that differ in seed or data compile once."""
   return _train_step(spec, data_mesh() if mesh is None else mesh)
 
@@ -328,7 +328,7 @@ def make_train_step(spec: Spec, mesh: jax.sharding.Mesh | None = None
 @functools.lru_cache(maxsize=8)
 def _train_step(spec: Spec, mesh: jax.sharding.Mesh):
   repl, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-  batch_sh = {k: repl if k == "corpus" or k.endswith(("_short", "_long")) else split
+  batch_sh = {k: repl if k == "corpus" or k.endswith("_groups") else split
               for k in batch_keys(spec)}
   tx = optimizer(spec)
 

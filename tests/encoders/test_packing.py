@@ -40,34 +40,44 @@ def test_packing_arrays_place_every_real_token_once():
   assert len({layers.packed_rows(n) for n in range(14_000, 15_500)}) <= 3
 
 
-def test_attention_halves_hold_every_real_token_once_at_its_own_position():
+@pytest.mark.parametrize("groups, shapes", [
+    (1, [(7, 64)]),
+    (2, [(4, 32), (3, 64)]),                      # the 4 shortest rows: 17 tokens fit in 32
+    (4, [(2, 16), (2, 32), (2, 64), (1, 64)]),
+    (9, [(1, 16), (1, 16), (1, 16), (1, 32), (1, 32), (1, 64), (1, 64)]),  # B 7: 7 parts
+])
+def test_attention_groups_hold_every_real_token_once_at_its_own_position(groups, shapes):
   rng = np.random.default_rng(0)
-  lengths = np.array([30, 3, 0, 17, 64, 9, 40])  # B 7: the short half is the 3 shortest rows
+  lengths = np.array([30, 3, 0, 17, 64, 9, 40])
   mask = (np.arange(64)[None] < lengths[:, None]).astype(np.int32)
-  p = layers.packing(mask)
+  p = layers.packing(mask, groups=groups)
   total = p.rows.size
-  assert p.short.shape == (3, 16) and p.long.shape == (4, 64)  # 9 tokens fit in 16
-  position = {}  # packed row -> (example, position), from the halves
-  for half, examples in ((p.short, np.argsort(lengths, kind="stable")[:3]),
-                         (p.long, np.argsort(lengths, kind="stable")[3:])):
-    for r, b in enumerate(examples):
-      for l, row in enumerate(half[r]):
+  assert [g.shape for g in p.groups] == shapes  # each part cut to its own width
+  position = {}  # packed row -> (example, position), from the groups
+  examples = iter(np.argsort(lengths, kind="stable"))  # the parts: the rows, shortest first
+  for group in p.groups:
+    for r in range(group.shape[0]):
+      b = next(examples)
+      for l, row in enumerate(group[r]):
         if row != total:
           position[int(row)] = (int(b), l)
   truth = {int(p.slots[b, l]): (b, l) for b, l in zip(*np.nonzero(mask))}
   assert position == truth  # each real token once, in its example's row, at its position
-  layout = np.concatenate([p.short.reshape(-1), p.long.reshape(-1)])
+  layout = np.concatenate([g.reshape(-1) for g in p.groups])
   real = p.rows < mask.size
-  np.testing.assert_array_equal(layout[p.half_rows[real]], np.flatnonzero(real))
-  assert np.all(p.half_rows[~real] == layout.size)
-  # The halves' gather and scatter are each other's transposes (no token lost or doubled).
+  np.testing.assert_array_equal(layout[p.group_rows[real]], np.flatnonzero(real))
+  assert np.all(p.group_rows[~real] == layout.size)
+  # The groups' gather and scatter are each other's transposes (no token lost or doubled).
   x = jnp.asarray(rng.standard_normal((total, 3)).astype(np.float32)) * real[:, None]
-  lay = layers.Packing(jnp.asarray(p.half_rows), jnp.asarray(layout)[None])
+  lay = layers.Packing(jnp.asarray(p.group_rows), jnp.asarray(layout)[None])
   np.testing.assert_array_equal(layers.pack(layers.unpack(x, lay), lay), x)
+  if groups == 1:
+    with pytest.raises(InputError, match="groups"):
+      layers.packing(mask, groups=0)
 
 
-@pytest.mark.parametrize("kind", ["bert", "mpnet"])
-def test_packed_forward_and_gradient_equal_the_padded_ones(tmp_path, kind):
+@pytest.mark.parametrize("kind, groups", [("bert", 4), ("mpnet", 2)])
+def test_packed_forward_and_gradient_equal_the_padded_ones(tmp_path, kind, groups):
   encoder = hf_folder.load_folder(write_model(str(tmp_path / "m"), kind))
   tokens = encoder.tokenize(TEXTS, 24)
   width = 24
@@ -75,10 +85,10 @@ def test_packed_forward_and_gradient_equal_the_padded_ones(tmp_path, kind):
   mask = np.zeros((len(tokens), width), np.int32)
   for r, t in enumerate(tokens):
     ids[r, :len(t)], mask[r, :len(t)] = t, 1
-  packed = layers.packing(mask)
+  packed = layers.packing(mask, groups=groups)
   assert packed.rows.size < mask.size  # the test packs something away
-  assert packed.short.shape[1] < width  # and attends the short half at a smaller width
-  packed = layers.Packing(*map(jnp.asarray, packed))
+  assert len(packed.groups) == groups and packed.groups[0].shape[1] < width  # at smaller widths
+  packed = jax.tree.map(jnp.asarray, packed)
 
   def pooled(params, pack):
     hidden = encoder.module.apply({"params": params}, ids, mask, pack)
