@@ -324,8 +324,9 @@ def finetune_config() -> ml_collections.ConfigDict:
       and optimizer state stay float32). bfloat16 is for accelerators; CPUs gain little.
     pack: padding-free training (`encoders.layers.Packing`): the Transformer layers run on each
       batch's real tokens only, attention alone padded, in groups of texts of similar length,
-      each at its own width (`layers.packing`); the same loss and gradients in less work where texts vary in length (InsuranceQA's answers: 114 tokens on average,
-      each batch padded to 256). Each batch is also cut to its longest text (a power of two).
+      each at its own width (`layers.packing`); the same loss and gradients in less work where
+      texts vary in length (InsuranceQA's answers: 114 tokens on average, each batch padded to
+      256). Each batch is also cut to its longest text (a power of two).
     remat: gradient checkpointing: each Transformer layer's activations are recomputed in the
       backward pass (`encoders.layers.transformer_layer`), for larger batches in less memory.
     corpus_chunk: docs per chunk of the "corpus" loss (one step holds [B, corpus_chunk] scores).
