@@ -253,8 +253,8 @@ def loss(spec: Spec, params: dict[str, Any], batch: dict[str, jnp.ndarray]) -> j
       vectors, two_tower "d_ids", "d_mask" [C, Ld]; with `spec.pack` each side's `Packing`
       (`layers.Packing`'s fields: "q_rows" [Tq], "q_slots" [B, Lq], "q_groups" (a tuple of
       [Bg, Lg]), "q_group_rows" [Tq]; the same for "d" with C, Ld, Td); "mnrl": "mask"
-      [B, C] (False: not a negative of that query); "corpus": "relevant" [B, R] doc rows (-1 padded) and "corpus"
-      [N, n], with C = B (each query's positive).
+      [B, C] (False: not a negative of that query); "corpus": "relevant" [B, R] doc rows
+      (-1 padded) and "corpus" [N, n], with C = B (each query's positive).
     With a token head (two_tower, mnrl): the head's `score_all` of the queries' token states
     against the candidates' ([B, C]) in the same masked softmax cross-entropy.
   """
