@@ -290,7 +290,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   corpus, mined = negatives_from == "corpus", negatives_from == "mined"
   if corpus:
     require(isinstance(module, TableScorer), "'corpus' needs a scorer with query/doc tables "
-            f"(dot, wdp, bilinear, lowrank), got {getattr(module, 'registry_name', module)!r}",
+            f"(dot, wdp, bilinear, lowrank, adapter), got {getattr(module, 'registry_name', module)!r}",
             field="train.negatives_from")
     require(cfg.loss == "softmax", f"train.negatives_from 'corpus' needs loss 'softmax', got "
             f"{cfg.loss!r}", field="train.loss")

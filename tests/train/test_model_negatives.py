@@ -140,7 +140,8 @@ def test_trainer_corpus_loss_and_gradient_equal_the_twin():
 
 @pytest.mark.parametrize("name,kw", [("dot", {}), ("wdp", {}), ("bilinear", {}),
                                      ("lowrank", {"rank": 3, "residual": "identity"}),
-                                     ("lowrank", {"rank": 3, "residual": "none"})])
+                                     ("lowrank", {"rank": 3, "residual": "none"}),
+                                     ("adapter", {"hidden": 5})])
 def test_every_table_scorer_trains_on_the_masked_softmax_over_the_corpus(name, kw):
   """The step's corpus loss of each table scorer equals its masked softmax over all N docs as
   candidates (`score_all`; every judged doc of the query out, its positive in)."""
