@@ -10,6 +10,8 @@ import setuptools
 EXTRAS = {
     "tfds": ["tensorflow-datasets>=4.9.7", "array-record>=0.7"],  # data/tfds_builder.py
     "faiss": ["faiss-cpu>=1.8"],  # export/faiss_index.py, configs/export.py format=faiss
+    # An embedded vector database serving the query-side export (configs/export.py check=lancedb).
+    "lancedb": ["lancedb>=0.40"],
     # The sentence-transformers export (configs/export.py) and its test; sentence-transformers
     # 5 is the first with `Router` (asymmetric query / document modules).
     "st": ["sentence-transformers>=5", "torch>=2.2"],
@@ -29,7 +31,6 @@ EXTRAS["dev"] = sorted({req for reqs in EXTRAS.values() for req in reqs} | {
     "pytrec-eval-terrier>=0.5.6",  # reference metrics (pytrec-eval does not build offline)
     "bm25s>=0.2.6",  # reference BM25 scores
     "transformers>=5",  # PyTorch reference of the Flax encoders (tests, encoder_parity.py)
-    "lancedb>=0.40",  # an embedded vector database serving the query-side export (its test)
     "nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29",  # the notebook test
 })
 

@@ -14,7 +14,14 @@ matrices alone: models over precomputed embeddings), faiss (an IndexFlatIP over 
 of `data`'s collection; needs the `faiss` extra; `--config.data.format=beir
 --config.data.path=DIR` for another collection) or query_side (sentence-transformers, the whole
 similarity on the query side: `encode_document` gives the raw embeddings an existing index holds;
-the only format for the adapter, whose query side q + f(q) is not a matrix).
+the only format for the adapter, whose query side q + f(q) is not a matrix), check (query_side:
+indexes of the raw doc embeddings to serve the export from, joined by `+`: faiss, lancedb;
+results.json's `serving_check` says how many of `data`'s test queries each returns the
+project's exact top-10 for, ties aside), check_queries (a sample of that many test queries,
+drawn by `seed`; 0: all). E.g. on InsuranceQA's 2,000 test questions:
+
+  python -m bilinear_ir.main --config=configs/export.py:model_dir=runs/w/model,\
+format=query_side,check=faiss+lancedb --config.data.format=insuranceqa --workdir=runs/w_qs
 """
 from ml_collections import ConfigDict
 
@@ -23,13 +30,16 @@ from bilinear_ir.config import blocks
 
 
 def get_config(arg=None):
-  a = arguments.parse_args(arg, {"model_dir": "", "format": "sentence-transformers"})
+  a = arguments.parse_args(arg, {"model_dir": "", "format": "sentence-transformers",
+                                "check": "", "check_queries": 0})
   c = ConfigDict()
   c.job = "export"
-  c.seed = 0                       # unused (the export is deterministic); every config has one
+  c.seed = 0                       # the sample of `check_queries` (the export is deterministic)
   c.model_dir = a["model_dir"]     # the saved model (config.json + model.safetensors)
   c.format = a["format"]           # sentence-transformers | head | faiss | query_side
-  c.data = blocks.data_config()    # format faiss: the collection whose docs are indexed
+  c.data = blocks.data_config()    # format faiss, check: the collection whose docs are indexed
+  c.check = a["check"]             # "" | faiss | lancedb | faiss+lancedb (format query_side)
+  c.check_queries = a["check_queries"]  # test queries served by the check (0: all)
   c.encoder = ConfigDict()         # where the encoder's cache (and all-mpnet-base-v2) live
   c.encoder.cache_dir = ""         # "" = $BILINEAR_IR_CACHE or ~/.cache/bilinear_ir
   c.distributed = False

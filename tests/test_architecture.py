@@ -49,7 +49,8 @@ LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 BOTTOM_ORDER = ("errors", "files", "allocator", "config", "progress", "timing")
 # Optional third-party packages (extras or heavy plotting) that may be imported inside functions.
 OPTIONAL = ("faiss", "torch", "Stemmer", "matplotlib", "tensorboardX", "tensorflow_datasets",
-            "sentence_transformers", "transformers", "huggingface_hub", "array_record", "etils")
+            "sentence_transformers", "transformers", "huggingface_hub", "array_record", "etils",
+            "lancedb", "pyarrow")
 
 
 def _modules() -> dict[str, str]:

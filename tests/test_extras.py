@@ -34,6 +34,18 @@ def test_faiss_export_names_the_faiss_extra(monkeypatch):
     faiss_index.export_faiss(module, {}, np.eye(3, dtype=np.float32))
 
 
+def test_serving_check_names_the_lancedb_extra_before_any_work(monkeypatch):
+  from bilinear_ir.export import serving  # pylint: disable=g-import-not-at-top
+  real = serving.importlib.util.find_spec
+  monkeypatch.setattr(serving.importlib.util, "find_spec",
+                      lambda name: None if name == "lancedb" else real(name))
+  with pytest.raises(InputError, match=r"check=lancedb needs lancedb.*bilinear_ir\[lancedb\]"):
+    serving.require_backend("lancedb")
+  serving.require_backend("faiss")  # installed: no error
+  with pytest.raises(InputError, match="must be one of"):
+    serving.require_backend("qdrant")
+
+
 def test_tensorboard_names_the_tb_extra(monkeypatch, tmp_path):
   _hide(monkeypatch, "tensorboardX")
   with pytest.raises(InputError, match=r"train.tensorboard needs tensorboardX.*\[tb\]"):

@@ -16,11 +16,19 @@ two `Dense` computing q + f(q)) and whose document route is empty, so an index o
 raw doc embeddings serves it unchanged (the adapter exports only so).
 Every format carries `bilinear_ir.json`, what it was exported from, with `doc_side`: "raw"
 (query_side) or "table" (the doc table of width `table_width`).
+
+`check` (query_side; backends of `export.serving` joined by "+", e.g. faiss+lancedb): the export
+served as a user would serve it, on `data`'s collection: its `encode_document` gives the raw doc
+embeddings an index holds, its `encode_query` the `data.split` queries (a sample of
+`check_queries` of them drawn by `seed`; 0: all), each backend's exact index returns a top-10,
+and `results.json` records, per backend, how many queries get the project's exact top-10
+(`exact.topk` over the project's own embeddings), ties aside (`serving.compare_topk`).
 """
 from __future__ import annotations
 
 import functools
 import os
+import tempfile
 
 import ml_collections
 import numpy as np
@@ -38,12 +46,15 @@ from bilinear_ir.export import faiss_index
 from bilinear_ir.export import head
 from bilinear_ir.export import saved_model
 from bilinear_ir.export import sentence_transformers
+from bilinear_ir.export import serving
 from bilinear_ir.report import outputs
+from bilinear_ir.retrieval import exact
 from bilinear_ir.scorers.adapter import QueryAdapter
 from bilinear_ir.scorers.base import TableScorer
 from bilinear_ir.scorers.base import table_matrices
 
 FORMATS = ("sentence-transformers", "head", "faiss", "query_side")
+CHECK_K = 10  # results per query compared by `check`
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -55,6 +66,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise input_error("no such model folder (a train_eval WORKDIR/model)",
                       file=config.model_dir, field="model_dir")
   if config.format == "faiss":
+    validation.check_data(config.data)
+  if config.check:
+    require(config.format == "query_side", "a serving check needs format=query_side (an index "
+            f"of raw doc embeddings serves only it), got format {config.format!r}", field="check")
+    for backend in config.check.split("+"):
+      serving.require_backend(backend)
+    require(int(config.check_queries) == config.check_queries and config.check_queries >= 0,
+            f"must be an integer >= 0, got {config.check_queries!r}", field="check_queries")
     validation.check_data(config.data)
 
 
@@ -75,6 +94,41 @@ def _write_faiss(path: str, index, doc_ids: list[str], a: np.ndarray, descriptio
     files.atomic_write_text(os.path.join(tmp, "doc_ids.txt"), "".join(f"{d}\n" for d in doc_ids))
     files.atomic_save_npy(os.path.join(tmp, "query_head.npy"), a)
     files.atomic_write_json(os.path.join(tmp, "bilinear_ir.json"), description)
+
+
+def serving_check(config: ml_collections.ConfigDict, module, params, model,
+                  settings: dict) -> dict:
+  """`check`: the query-side export `model` (a SentenceTransformer) served from each backend's
+  index of its raw doc embeddings, against the project's exact top-10 of `module` at `params`.
+
+  Returns {"collection", "split", "queries", "query_ids_sha256" (of the served queries' ids),
+  "k", "tol" (scores closer than this are tied: 1e-5 of the largest), "max_doc_diff" (max
+  |encode_document - the project's doc embeddings|), "max_score_diff" (max |encode_query .
+  encode_document - the project's score_all|), and per backend `serving.compare_topk`'s counts}.
+  """
+  coll = loaders.load(config.data)
+  emb = pipeline.embed(coll, _encoder_config(settings, config.encoder.cache_dir))
+  qids = coll.split_query_ids(config.data.split)
+  if 0 < config.check_queries < len(qids):
+    rng = np.random.default_rng(config.seed)
+    qids = [qids[i] for i in np.sort(rng.choice(len(qids), config.check_queries, replace=False))]
+  v, q = {"params": params}, emb.query_rows(qids)
+  want_scores = np.asarray(module.apply(v, q, emb.docs, method=module.score_all))  # [B, N]
+  want = exact.topk(module.apply(v, q, method=module.query_table),
+                    module.apply(v, emb.docs, method=module.doc_table), CHECK_K)
+  docs = np.asarray(model.encode_document(coll.doc_strings()), np.float32)  # [N, n]
+  queries = np.asarray(model.encode_query([coll.queries[x] for x in qids]), np.float32)  # [B, n]
+  tol = 1e-5 * float(np.abs(want_scores).max())
+  out = {"collection": coll.name, "split": config.data.split, "queries": len(qids),
+         "query_ids_sha256": files.sha256_texts(qids), "k": CHECK_K, "tol": tol,
+         "max_doc_diff": float(np.abs(docs - emb.docs).max()),
+         "max_score_diff": float(np.abs(queries @ docs.T - want_scores).max())}
+  for backend in config.check.split("+"):
+    with tempfile.TemporaryDirectory() as folder:
+      ids = serving.search(backend, docs, queries, CHECK_K, folder)
+    out[backend] = serving.compare_topk(ids, want_scores, np.asarray(want.scores),
+                                        np.asarray(want.ids), tol)
+  return out
 
 
 # pylint: disable-next=unused-argument
@@ -121,4 +175,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> outputs.Report:
         f"doc tables of width {description['table_width']} over {meta['dim']}-d embeddings "
         f"({settings.get('model') or settings.get('path') or 'all-MiniLM-L6-v2'}); doc side "
         f"{description['doc_side']}; written to `export/`.\n")
-  return outputs.Report(results=description, markdown=md, folders={"export": writer})
+  results = description
+  if config.check:
+    check = serving_check(config, module, params, model, settings)
+    results = {**description, "serving_check": check}
+    md += (f"\nServed from indexes of the raw doc embeddings ({check['collection']}, "
+           f"{check['queries']} {check['split']} queries, top-{check['k']}; max |export - "
+           f"project| {check['max_score_diff']:.2e} on scores, {check['max_doc_diff']:.2e} on doc "
+           "embeddings):\n\n| index | queries without near-ties | of them, the project's exact "
+           "top-10 | max score gap |\n|---|---|---|---|\n")
+    md += "".join(f"| {b} | {check[b]['clear']} of {check[b]['queries']} | {check[b]['same_ids']} "
+                  f"| {check[b]['max_score_diff']:.2e} |\n" for b in config.check.split("+"))
+  return outputs.Report(results=results, markdown=md, folders={"export": writer})

@@ -16,6 +16,7 @@ from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.export import saved_model
+from bilinear_ir.export import serving
 from bilinear_ir.jobs import export as export_job
 from bilinear_ir.retrieval import exact
 from conftest import perturbed_params
@@ -57,9 +58,12 @@ def _train(setup, spec):
   return path, module, out["params"]
 
 
-def _export(path, fmt, out, config=None):
-  c = ml_collections.ConfigDict({"model_dir": path, "format": fmt, "encoder": {"cache_dir": ""},
-                                 "data": config.data if config else blocks.data_config()})
+def _export(path, fmt, out, config=None, check="", check_queries=0, seed=0):
+  c = ml_collections.ConfigDict({"model_dir": path, "format": fmt,
+                                 "encoder": {"cache_dir": config.encoder.cache_dir if config
+                                             else ""},
+                                 "data": config.data if config else blocks.data_config(),
+                                 "check": check, "check_queries": check_queries, "seed": seed})
   export_job.validate(c)
   rep = export_job.run(c, out)
   rep.folders["export"](out)
@@ -213,48 +217,46 @@ def test_query_side_export_scores_as_the_project_over_raw_docs(setup, query_side
   assert info["scorer"] == QUERY_SIDE_SPECS[name]["scorer"]
 
 
-def _assert_same_topk(name, ids, want_scores, want, tol):
-  """ids [B, k] from an index have the project's exact top-k (`want`: TopK [B, k] over
-  `want_scores` [B, N]), ties aside: the project's scores of the returned ids are the exact top-k
-  scores rank by rank, and the ids are the exact ids wherever no two of the top k + 1 scores lie
-  within `tol`."""
-  got = np.take_along_axis(want_scores, ids.astype(np.int64), axis=1)
-  np.testing.assert_allclose(got, np.asarray(want.scores), atol=tol, rtol=0, err_msg=name)
-  top = -np.sort(-want_scores, axis=1)[:, :ids.shape[1] + 1]
-  clear = np.all(-np.diff(top, axis=1) > tol, axis=1)
-  assert clear.mean() >= 0.75  # the data leave few near-ties: most queries are compared by id
-  np.testing.assert_array_equal(ids[clear], np.asarray(want.ids)[clear], err_msg=name)
-  print(f"{name}: same top-{ids.shape[1]} ids on {int(clear.sum())} queries without near-ties "
-        f"(of {len(ids)})")
-
-
 @pytest.mark.parametrize("name", list(QUERY_SIDE_SPECS))
 def test_query_side_export_is_served_by_an_index_of_raw_docs(setup, query_side, tmp_path, name):
-  # An index built over the encoder's raw doc embeddings (what a user already has), searched with
-  # the export's query embeddings: FAISS IndexFlatIP, and LanceDB (embedded, exact flat search
-  # with the dot distance 1 - q.d), each returns the project's exact top-10.
-  import faiss  # pylint: disable=g-import-not-at-top
-  import lancedb  # pylint: disable=g-import-not-at-top
-  import pyarrow as pa  # pylint: disable=g-import-not-at-top
-  _, _, prepared, _ = setup
-  module, params, model, _ = query_side[name]
-  q, d, k = prepared.embeddings.queries, prepared.embeddings.docs, 10
-  v = {"params": params}
-  want_scores = np.asarray(module.apply(v, q, d, method=module.score_all))
-  want = exact.topk(module.apply(v, q, method=module.query_table),
-                    module.apply(v, d, method=module.doc_table), k)
-  tol = 1e-5 * np.abs(want_scores).max()
-  queries = model.encode_query(_queries(prepared))
+  # The export job's serving check: indexes built over the export's raw doc embeddings (what a
+  # user already has), searched with its query embeddings (FAISS IndexFlatIP; LanceDB, embedded,
+  # exact flat search with the dot distance 1 - q.d), each return the project's exact top-10 for
+  # every test query without near-ties, and most queries have none.
+  root, config, prepared, _ = setup
+  rep = _export(str(root / f"qs_model_{name}"), "query_side", str(tmp_path / "qs"), config,
+                check="faiss+lancedb")
+  check = rep.results["serving_check"]
+  queries = len(prepared.collection.split_query_ids(config.data.split))
+  assert check["queries"] == queries > 0 and check["k"] == 10
+  assert check["max_doc_diff"] <= 1e-5 and check["max_score_diff"] <= check["tol"]
+  for backend in ("faiss", "lancedb"):
+    got = check[backend]
+    print(f"{backend} {name}: the project's exact top-10 on {got['same_ids']} of "
+          f"{got['clear']} queries without near-ties (of {got['queries']})")
+    assert got["queries"] == queries and got["clear"] >= 0.75 * queries
+    assert got["same_ids"] == got["clear"] and got["max_score_diff"] <= check["tol"]
 
-  index = faiss.IndexFlatIP(d.shape[1])
-  index.add(np.ascontiguousarray(d, np.float32))
-  _, ids = index.search(np.ascontiguousarray(queries, np.float32), k)
-  _assert_same_topk(f"faiss {name}", ids, want_scores, want, tol)
 
-  table = lancedb.connect(str(tmp_path / "lancedb")).create_table("docs", data=pa.table({
-      "doc": pa.array(np.arange(len(d), dtype=np.int64)),
-      "vector": pa.FixedSizeListArray.from_arrays(pa.array(d.astype(np.float32).ravel()),
-                                                  d.shape[1])}))
-  ids = np.stack([table.search(x).distance_type("dot").bypass_vector_index().limit(k)
-                  .to_arrow()["doc"].to_numpy() for x in queries])
-  _assert_same_topk(f"lancedb {name}", ids, want_scores, want, tol)
+def test_serving_check_samples_the_test_queries_by_seed(setup, query_side, tmp_path):
+  root, config, prepared, _ = setup
+  runs = [_export(str(root / "qs_model_bilinear"), "query_side", str(tmp_path / f"qs{i}"),
+                  config, check="faiss", check_queries=5, seed=seed).results["serving_check"]
+          for i, seed in enumerate((0, 0, 1))]
+  assert [r["queries"] for r in runs] == [5, 5, 5] and runs[0] == runs[1]
+  assert runs[2]["query_ids_sha256"] != runs[0]["query_ids_sha256"]
+  assert runs[0]["faiss"]["same_ids"] == runs[0]["faiss"]["clear"] >= 3
+
+
+def test_compare_topk_counts_a_wrong_id_and_leaves_ties_aside():
+  rng = np.random.default_rng(0)
+  scores = rng.normal(size=(6, 50)).astype(np.float32)
+  scores[5, 7] = scores[5, np.argmax(scores[5])]  # query 5: a tie at the top
+  want = exact.topk(scores, np.eye(50, dtype=np.float32), 10)
+  ids, want_scores = np.asarray(want.ids).copy(), np.asarray(want.scores)
+  assert serving.compare_topk(ids, scores, want_scores, ids, 1e-6)["same_ids"] == 5
+  ids[2, [3, 4]] = ids[2, [4, 3]]  # query 2 returns two results out of order
+  ids[3, 9] = np.argsort(-scores[3])[10]  # query 3 returns the 11th doc instead of the 10th
+  got = serving.compare_topk(ids, scores, want_scores, np.asarray(want.ids), 1e-6)
+  assert (got["queries"], got["clear"], got["same_ids"]) == (6, 5, 3)
+  assert got["max_score_diff"] > 1e-3
