@@ -1,5 +1,6 @@
 """The allocator setting: applied once, reported, and a no-op where there is no glibc mallopt."""
 import ctypes.util
+import os
 import platform
 import subprocess
 import sys
@@ -45,6 +46,18 @@ def test_an_accelerator_host_keeps_the_default(monkeypatch, tmp_path):
   assert allocator.accelerator_host()
 
 
+def test_the_environment_can_keep_the_default(monkeypatch):
+  """BILINEAR_IR_KEEP_FREED_MEMORY=0: nothing set (a run that needs the memory more)."""
+  monkeypatch.setattr(allocator, "_applied", False)
+  monkeypatch.setattr(allocator, "_accelerator", False)
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.setenv(allocator.OPT_OUT, "0")
+  assert allocator.keep_freed_memory() is False
+  assert allocator.describe() == "default allocator (BILINEAR_IR_KEEP_FREED_MEMORY=0)"
+  monkeypatch.setenv(allocator.OPT_OUT, "1")
+  assert allocator.describe() == "default allocator"
+
+
 def test_without_mallopt_nothing_changes(monkeypatch):
   monkeypatch.setattr(allocator, "_applied", False)
   monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
@@ -58,7 +71,7 @@ def test_freed_memory_is_reused_without_page_faults():
   heap, resident. (Through libc's malloc, as XLA's buffers are; numpy would add huge pages.)"""
   code = ("import ctypes, ctypes.util, resource, sys\n"
           "from bilinear_ir import allocator\n"
-          "if sys.argv[1] == 'kept': allocator.keep_freed_memory()\n"
+          "if sys.argv[1] != 'default': allocator.keep_freed_memory()\n"
           "libc = ctypes.CDLL(ctypes.util.find_library('c'))\n"
           "libc.malloc.restype = ctypes.c_void_p\n"
           "libc.free.argtypes = [ctypes.c_void_p]\n"
@@ -67,10 +80,12 @@ def test_freed_memory_is_reused_without_page_faults():
           "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
           "p = libc.malloc(n); ctypes.memset(p, 1, n); libc.free(p)\n"
           "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
+  env = lambda mode: {**os.environ, allocator.OPT_OUT: "0" if mode == "opted out" else "1"}
   faults = {mode: int(subprocess.run([sys.executable, "-c", code, mode], check=True,
-                                     capture_output=True, text=True).stdout)
-            for mode in ("default", "kept")}
+                                     capture_output=True, text=True, env=env(mode)).stdout)
+            for mode in ("default", "kept", "opted out")}
   pages = (1 << 28) // 4096
   if platform.libc_ver()[0] == "glibc":
     assert faults["default"] > pages // 2, faults
     assert faults["kept"] < pages // 100, faults
+    assert faults["opted out"] > pages // 2, faults  # the environment kept glibc's default
