@@ -7,9 +7,10 @@ what each costs.
   python -m bilinear_ir.main --config=configs/finetune.py:collection=insuranceqa,\
 modes=two_tower,steps=2000,seeds=0 --workdir=runs/finetune_iqa
 
-On a CPU host with 24 GB, two_tower needs `--config.finetune.batch_size=32` (or less): a step of
-the default 64 SciFact claims with their abstracts holds about 18 GB (`blocks.finetune_config`,
-remat).
+On a CPU host with 24 GB, two_tower needs `BILINEAR_IR_KEEP_FREED_MEMORY=0` in the environment
+and `--config.finetune.batch_size=32`: at the default 64 SciFact claims (with their abstracts) the
+job was killed for memory, and at 32 with the kept heap too; with both it peaked at 13.1 GB
+(docs/results/finetune.md, `blocks.finetune_config`'s remat, `bilinear_ir.allocator`).
 
 Rows (per embedding; `c.rows` as the learning curve declares its rows, `config.tables.study_table`,
 run by the table runner): dot (the frozen encoder), BM25, the trained `models` over the frozen
