@@ -5,8 +5,8 @@ similarity on the query side, so the index a user already holds (the encoder's r
 embeddings, searched by inner product) serves it unchanged. This module searches two such
 indexes the way a user would, and compares their top-k with the project's exact search:
 
-    ids = search(BACKENDS[0], docs, queries, k=10)          # FAISS IndexFlatIP
-    report = compare_topk(ids, scores, want_scores, tol)   # vs exact.topk of the scorer
+    ids = search("faiss", docs, queries, k=10)                       # [B, 10] doc rows
+    report = compare_topk(ids, scores, top.scores, top.ids, tol)   # top: exact.topk [B, 10]
 
 Backends (each an optional package, imported when used):
   "faiss":   `faiss.IndexFlatIP` (exact inner product; the `faiss` extra).
