@@ -54,6 +54,11 @@ _applied = False
 _accelerator = False
 
 
+def _opted_out() -> bool:
+  """Whether the environment asks for glibc's default allocator (OPT_OUT = "0")."""
+  return os.environ.get(OPT_OUT, "1") == "0"
+
+
 def accelerator_host() -> bool:
   """Whether this process computes on an accelerator, told without starting jax (the setting
   must come before threads start): `JAX_PLATFORMS` when it is set (its first entry not "cpu"),
@@ -75,7 +80,7 @@ def keep_freed_memory() -> bool:
   global _applied, _accelerator
   if _applied:
     return True
-  if os.environ.get(OPT_OUT, "1") == "0":
+  if _opted_out():
     return False
   if accelerator_host():
     _accelerator = True
@@ -96,6 +101,6 @@ def describe() -> str:
   """A few words for a benchmark's hardware line: which allocator setting is in force."""
   if _applied:
     return "freed memory kept (glibc mallopt)"
-  if os.environ.get(OPT_OUT, "1") == "0":
+  if _opted_out():
     return f"default allocator ({OPT_OUT}=0)"
   return "default allocator (an accelerator's host)" if _accelerator else "default allocator"

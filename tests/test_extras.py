@@ -16,6 +16,7 @@ from bilinear_ir.experiment import validation
 from bilinear_ir.export import faiss_index
 from bilinear_ir.export import saved_model
 from bilinear_ir.export import sentence_transformers
+from bilinear_ir.export import serving
 from bilinear_ir.train import trainer
 from conftest import main_env
 
@@ -35,7 +36,6 @@ def test_faiss_export_names_the_faiss_extra(monkeypatch):
 
 
 def test_serving_check_names_the_lancedb_extra_before_any_work(monkeypatch):
-  from bilinear_ir.export import serving  # pylint: disable=g-import-not-at-top
   real = serving.importlib.util.find_spec
   monkeypatch.setattr(serving.importlib.util, "find_spec",
                       lambda name: None if name == "lancedb" else real(name))

@@ -55,19 +55,13 @@ def search(backend: str, docs: np.ndarray, queries: np.ndarray, k: int,
   require(1 <= k <= docs.shape[0], f"k must be in [1, {docs.shape[0]}], got {k}", field="k")
   docs = np.ascontiguousarray(docs, np.float32)
   queries = np.ascontiguousarray(queries, np.float32)
-  if backend == "faiss":
-    try:
-      import faiss  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      raise missing_extra("faiss-cpu", "faiss", "serving from a FAISS index") from None
+  if backend == "faiss":  # installed: require_backend checked
+    import faiss  # pylint: disable=g-import-not-at-top
     index = faiss.IndexFlatIP(docs.shape[1])
     index.add(docs)
     return index.search(queries, k)[1].astype(np.int64)
-  try:
-    import lancedb  # pylint: disable=g-import-not-at-top
-    import pyarrow as pa  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise missing_extra("lancedb", "lancedb", "serving from a LanceDB table") from None
+  import lancedb  # pylint: disable=g-import-not-at-top
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top  (a dependency of lancedb)
   require(bool(folder), "lancedb needs a folder for its table", field="folder")
   table = lancedb.connect(os.fspath(folder)).create_table("docs", data=pa.table({
       "row": pa.array(np.arange(len(docs), dtype=np.int64)),

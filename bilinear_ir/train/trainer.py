@@ -289,9 +289,9 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   negatives_from = str(cfg.get("negatives_from", "bm25"))
   corpus, mined = negatives_from == "corpus", negatives_from == "mined"
   if corpus:
+    name = getattr(module, "registry_name", module)
     require(isinstance(module, TableScorer), "'corpus' needs a scorer with query/doc tables "
-            f"(dot, wdp, bilinear, lowrank, adapter), got {getattr(module, 'registry_name', module)!r}",
-            field="train.negatives_from")
+            f"(dot, wdp, bilinear, lowrank, adapter), got {name!r}", field="train.negatives_from")
     require(cfg.loss == "softmax", f"train.negatives_from 'corpus' needs loss 'softmax', got "
             f"{cfg.loss!r}", field="train.loss")
     require(int(cfg.corpus_chunk) >= 1, f"must be >= 1, got {cfg.corpus_chunk}",
