@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 
 from absl import app
 from absl import flags
@@ -36,8 +37,16 @@ config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. con
 flags.DEFINE_string("workdir", None, "Directory for outputs (results, checkpoints, caches).")
 
 
+def _quiet_abandoned_writes() -> None:
+  """Keeps the error line the last one: a write the machine refused mid-checkpoint leaves orbax's
+  other fragment writers (coroutines) unawaited, and Python warns of each at exit."""
+  warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
+                          category=RuntimeWarning)
+
+
 def fail(message: str) -> None:
   """One line on stderr, exit code 2."""
+  _quiet_abandoned_writes()
   print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
   sys.exit(2)
 
@@ -86,6 +95,7 @@ def main(argv):
     what = getattr(e, "doing", None) or f"running the job {FLAGS.config.get('job', '')!r}"
     fail(f"out of memory {what}: the machine cannot hold it; free memory or give a smaller input")
   except Stopped as e:
+    _quiet_abandoned_writes()
     print(f"error: stopped by {e}; the last complete checkpoint is kept: run the same command "
           "to resume", file=sys.stderr)
     sys.exit(128 + e.signum)
