@@ -92,7 +92,9 @@ def run(config, workdir: str) -> outputs.Report:
              "crossover": crossover, "hybrid_dot_bm25": hybrids,
              "collection": table.cells[-1].fields["collection"],
              "measure": m0, "negatives": {"from": config.train.negatives_from,
-                                         "hard_depth": int(config.train.hard_depth)},
+                                         "hard_depth": int(config.train.hard_depth),
+                                         **({"refresh_every": int(config.train.refresh_every)}
+                                            if config.train.negatives_from == "mined" else {})},
              "seeds": list(config.seeds), "sizes": sorted(unseen_queries),
              "holm": "over the n of the curve: one family per embedding, model and view (all "
                      "test queries; unseen-answer queries)",
