@@ -32,6 +32,8 @@ from typing import Any, Mapping, Sequence
 
 TYPES = ("dot", "bm25", "trained", "dev_best", "hybrid")
 SOURCE_LABELS = {"qrels": "", "ict": ", ICT pairs", "both": ", qrels + ICT pairs"}
+# The negatives a row's softmax runs over beyond the recipe's (`train.negatives_from`), by name.
+NEGATIVES_LABELS = {"corpus": ", corpus softmax", "mined": ", mined negatives"}
 
 
 def row(type_: str, name: str, label: Mapping[str, Any], title: str | None = None,
@@ -61,35 +63,53 @@ def baselines(label_key: str = "scorer", bm25: Mapping[str, Any] | None = None
           row("bm25", "bm25", {label_key: "bm25", **(bm25 or {})})]
 
 
+def _negatives(spec: Mapping[str, Any]) -> str | None:
+  """The row's negatives source where it is one of NEGATIVES_LABELS, else None."""
+  negatives = spec.get("negatives_from")
+  return negatives if isinstance(negatives, str) and negatives in NEGATIVES_LABELS else None
+
+
 def row_slug(spec: Mapping[str, Any]) -> str:
   """A folder name for a row of the bilinear table: wdp, bilinear, lowrank_r32,
-  lowrank_r32_identity (+ _ict, _both for the other training sources)."""
-  name = spec["scorer"] if spec["scorer"] != "lowrank" else (
-      f"lowrank_r{spec['rank']}" + ("" if spec["residual"] == "none" else
-                                    f"_{spec['residual']}"))
-  return name + ("" if spec.get("source", "qrels") == "qrels" else f"_{spec['source']}")
+  lowrank_r32_identity, mol, mol_residual (+ _ict, _both for the other training sources; +
+  _corpus, _mined for the other negatives)."""
+  name = spec["scorer"]
+  if name == "lowrank":
+    name = f"lowrank_r{spec['rank']}" + ("" if spec["residual"] == "none" else
+                                         f"_{spec['residual']}")
+  elif name == "mol" and spec.get("residual") == "dot":
+    name = "mol_residual"
+  name += "" if spec.get("source", "qrels") == "qrels" else f"_{spec['source']}"
+  return name + (f"_{_negatives(spec)}" if _negatives(spec) else "")
 
 
 def row_label(spec: Mapping[str, Any]) -> str:
-  """A table row's name: "wdp", "lowrank r=32 (identity + PQ^T)", "MoL (P = 4)", ... (+ its
-  training source)."""
+  """A table row's name: "wdp", "lowrank r=32 (identity + PQ^T)", "MoL (P = 4)", "MoL (P = 4)
+  + dot", ... (+ its training source, + its negatives where not the recipe's)."""
   name = spec["scorer"]
   if spec["scorer"] == "lowrank":
     name = f"lowrank r={spec['rank']}" + ("" if spec["residual"] == "none" else
                                          f" ({spec['residual']} + PQ^T)")
   elif spec["scorer"] == "mol":
-    name = f"MoL (P = {spec['p_q']})"
-  return name + SOURCE_LABELS[spec.get("source", "qrels")]
+    name = f"MoL (P = {spec['p_q']})" + (" + dot" if spec.get("residual") == "dot" else "")
+  return (name + SOURCE_LABELS[spec.get("source", "qrels")]
+          + NEGATIVES_LABELS.get(_negatives(spec), ""))
 
 
 def bilinear_table(ranks: Sequence[int], residuals: Sequence[str], mol: Mapping[str, Any] | None,
                    sources: Sequence[str], source_rows: Sequence[str],
-                   grid: str | None = None) -> tuple[dict[str, Any], ...]:
+                   grid: str | None = None, models: Sequence[Mapping[str, Any]] = (),
+                   negatives: Sequence[str] = (), negatives_rows: Sequence[str] = ()
+                   ) -> tuple[dict[str, Any], ...]:
   """The rows of the bilinear table (configs/reproduce_table.py): dot, BM25, WDP, P Q^T at every
-  residual x rank, full bilinear, MoL (`mol` options; None: no MoL row), the rows named in
-  `source_rows` again on each of `sources` ("ict", "both"), then the hybrid of the row best on
-  dev (mean over seeds; judged-pair rows only) with BM25. `grid`: the config block of the `train`
-values every row but MoL is selected over on dev (None: the recipe's own)."""
+  residual x rank, full bilinear, MoL (`mol` options; None: no MoL row), one row per
+  `models` entry (its model options, e.g. {"scorer": "adapter"}, or a MoL's with
+  {"residual": "dot"}: the residual MoL, the dot product one more logit), the rows named in `source_rows` again on
+  each of `sources` ("ict", "both"), the rows named in `negatives_rows` again with each of
+  `negatives` ("corpus", "mined": `train.negatives_from`, the changes of the config block
+  `negatives_train.<name>`), then the hybrid of the row best on dev (mean over seeds;
+  judged-pair rows only) with BM25. `grid`: the config block of the `train` values every row
+  but MoL is selected over on dev (None: the recipe's own)."""
   blank = {"rank": None, "residual": None}
   specs = [{"scorer": "wdp", **blank}]
   specs += [{"scorer": "lowrank", "rank": int(r), "residual": res}
@@ -97,15 +117,23 @@ values every row but MoL is selected over on dev (None: the recipe's own)."""
   specs.append({"scorer": "bilinear", **blank})
   if mol is not None:
     specs.append({**dict(mol), **blank})
+  specs += [{**blank, **dict(model)} for model in models]
   specs = [{**spec, "source": "qrels"} for spec in specs]
+  judged = list(specs)
   for source in sources:
-    specs += [{**spec, "source": source} for spec in specs[:len(specs)]
-              if spec["source"] == "qrels" and row_slug(spec) in source_rows]
+    specs += [{**spec, "source": source} for spec in judged if row_slug(spec) in source_rows]
+  for negs in negatives:
+    specs += [{**spec, "negatives_from": negs} for spec in judged
+              if row_slug(spec) in negatives_rows]
   rows = baselines("scorer", {"mode": "full"})
   for spec in specs:
     mol_row = spec["scorer"] == "mol"
-    rows.append(trained(row_slug(spec), spec, spec, "mol_train" if mol_row else None,
-                        row_label(spec), grid=None if mol_row else grid))
+    train = "mol_train" if mol_row else None
+    if _negatives(spec):
+      train = f"negatives_train.{spec['negatives_from']}"
+    rows.append(trained(row_slug(spec), spec, {k: v for k, v in spec.items()
+                                               if k != "negatives_from"},
+                        train, row_label(spec), grid=None if mol_row else grid))
   judged = tuple(r["name"] for r in rows[2:] if r["label"]["source"] == "qrels")
   rows.append(row("dev_best", "best", {}, over=judged, per="row", hidden=True))
   rows.append(row("hybrid", "hybrid", {"scorer": "hybrid"}, partner="best",

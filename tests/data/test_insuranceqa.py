@@ -512,7 +512,8 @@ def test_insuranceqa_table_adds_pool_p_at_1(tmp_path, monkeypatch):
   from bilinear_ir.experiment import rows as rows_lib  # pylint: disable=g-import-not-at-top
   from bilinear_ir.jobs import reproduce_table  # pylint: disable=g-import-not-at-top
   _patch_find_spec(monkeypatch, _spec_at(_random_tree(tmp_path / insuranceqa.PACKAGE)))
-  c = get_config("reproduce_table", "collection=insuranceqa,seeds=0,ranks=4,embeddings=mean,max_steps=6")
+  c = get_config("reproduce_table", "collection=insuranceqa,seeds=0,ranks=4,embeddings=mean,"
+                 "max_steps=6,models=none,negatives=none")
   trained = [r["label"] for r in c.rows if r["type"] == "trained"]
   assert c.train.negatives_from == "dataset" and "mol" in [r["scorer"] for r in trained]
   assert {r["residual"] for r in trained if r["scorer"] == "lowrank"} == {"identity"}

@@ -36,8 +36,14 @@ def test_every_row_is_compared_with_dot_and_bm25_holm_adjusted(table):
   _, rep = table
   rows = rep.results["rows"]
   assert [r["scorer"] for r in rows] == ["dot", "bm25", "wdp", "lowrank", "lowrank", "bilinear",
-                                         "bilinear", "bilinear", "hybrid"]
-  assert [r.get("source") for r in rows[5:8]] == ["qrels", "ict", "both"]
+                                         "adapter", "mol", "bilinear", "bilinear", "bilinear",
+                                         "bilinear", "hybrid"]
+  assert rows[7]["residual"] == "dot"  # the residual MoL
+  assert [r.get("source") for r in rows[8:12]] == ["ict", "both", "qrels", "qrels"]
+  # The rows trained again with other negatives record them; the others the recipe's.
+  assert [r["negatives_from"] for r in rows[2:12]] == ["bm25"] * 8 + ["corpus", "mined"]
+  assert [table_report._row_name(r) for r in rows[10:12]] == [  # pylint: disable=protected-access
+      "bilinear, corpus softmax", "bilinear, mined negatives"]
   assert "vs_dot" not in rows[0] and "vs_bm25" not in rows[1]
   family = [r["vs_dot"] for r in rows[1:]]
   assert [c["p_holm"] for c in family] == pytest.approx(stats.holm([c["p_perm"] for c in family]))
@@ -74,7 +80,8 @@ def test_every_trained_model_is_saved_and_reloads(table, tmp_path):
   rep.folders["models"](str(tmp_path / "models"))
   got = sorted(os.path.relpath(os.path.join(d), tmp_path / "models")
                for d, _, names in os.walk(tmp_path / "models") if "config.json" in names)
-  rows = ["bilinear", "bilinear_both", "bilinear_ict", "lowrank_r4", "lowrank_r4_identity", "wdp"]
+  rows = ["adapter", "bilinear", "bilinear_both", "bilinear_corpus", "bilinear_ict",
+          "bilinear_mined", "lowrank_r4", "lowrank_r4_identity", "mol_residual", "wdp"]
   assert got == sorted(f"mean/{r}/seed{s}" for r in rows for s in c.seeds)
   module, params, meta = saved_model.load_model(str(tmp_path / "models" / "mean" / "bilinear" /
                                                     "seed1"))
