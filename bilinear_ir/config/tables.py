@@ -63,8 +63,9 @@ def baselines(label_key: str = "scorer", bm25: Mapping[str, Any] | None = None
           row("bm25", "bm25", {label_key: "bm25", **(bm25 or {})})]
 
 
-def _negatives(spec: Mapping[str, Any]) -> str | None:
-  """The row's negatives source where it is one of NEGATIVES_LABELS, else None."""
+def other_negatives(spec: Mapping[str, Any]) -> str | None:
+  """The row's negatives source (`negatives_from`) where it is one of NEGATIVES_LABELS (not the
+  recipe's), else None."""
   negatives = spec.get("negatives_from")
   return negatives if isinstance(negatives, str) and negatives in NEGATIVES_LABELS else None
 
@@ -80,7 +81,7 @@ def row_slug(spec: Mapping[str, Any]) -> str:
   elif name == "mol" and spec.get("residual") == "dot":
     name = "mol_residual"
   name += "" if spec.get("source", "qrels") == "qrels" else f"_{spec['source']}"
-  return name + (f"_{_negatives(spec)}" if _negatives(spec) else "")
+  return name + (f"_{other_negatives(spec)}" if other_negatives(spec) else "")
 
 
 def row_label(spec: Mapping[str, Any]) -> str:
@@ -93,7 +94,7 @@ def row_label(spec: Mapping[str, Any]) -> str:
   elif spec["scorer"] == "mol":
     name = f"MoL (P = {spec['p_q']})" + (" + dot" if spec.get("residual") == "dot" else "")
   return (name + SOURCE_LABELS[spec.get("source", "qrels")]
-          + NEGATIVES_LABELS.get(_negatives(spec), ""))
+          + NEGATIVES_LABELS.get(other_negatives(spec), ""))
 
 
 def bilinear_table(ranks: Sequence[int], residuals: Sequence[str], mol: Mapping[str, Any] | None,
@@ -129,7 +130,7 @@ def bilinear_table(ranks: Sequence[int], residuals: Sequence[str], mol: Mapping[
   for spec in specs:
     mol_row = spec["scorer"] == "mol"
     train = "mol_train" if mol_row else None
-    if _negatives(spec):
+    if other_negatives(spec):
       train = f"negatives_train.{spec['negatives_from']}"
     rows.append(trained(row_slug(spec), spec, {k: v for k, v in spec.items()
                                                if k != "negatives_from"},
