@@ -15,7 +15,8 @@ sets (folds) joins their test queries: every query is scored by the split that h
 Each row is summarised as `config.runner.summary` says:
   "seeds":   mean and sample std over seeds of the test metrics, the dev metric (mean over seeds),
              best steps, the mean over the unseen-doc test queries (`rows.unseen_doc_queries`),
-             and with `runner.pool_p_at_1` P@1 over each test query's own pool where listed;
+             the first measure per query (mean over seeds), and with `runner.pool_p_at_1` P@1
+             over each test query's own pool where listed;
   "queries": the mean over queries of the seed-mean metrics, the first measure per query (mean
              over seeds), and the `runner.fields` asked for ("n_queries", "dev", "best_steps",
              "seconds").
@@ -311,7 +312,8 @@ def summarise(config, cell: Cell, runs: Runs, unseen: list[str], pools
                                        _pool_runs(runs), config.hybrid.normalize))
     if kind == "hybrid":
       row["lambda"] = [o["lam"] for o in outs]
-    row.update(metrics=mean, std=std)
+    # per_query: the seeds' mean per test query, for paired tests between any two rows.
+    row.update(metrics=mean, std=std, per_query=per_query)
     if kind in ("dot", "trained"):
       row["dev"] = {sel: rows_lib.dev_mean(outs, sel)}
     row["seeds"] = len(outs)

@@ -51,6 +51,10 @@ def test_every_row_is_compared_with_dot_and_bm25_holm_adjusted(table):
   for r in rows[2:]:
     assert set(r["vs_dot"]) == {"diff", "ci95", "p_perm", "p_t", "effect_size", "n", "p_holm"}
     assert r["vs_dot"]["n"] == rep.results["test_queries"]
+  # Each row keeps its per-query values (mean over seeds): the ones compared with dot.
+  for r in rows[1:]:
+    diff = np.mean(stats.paired_differences(r["per_query"], rows[0]["per_query"]))
+    assert diff == pytest.approx(r["vs_dot"]["diff"])
   # BM25 vs dot and dot vs BM25 are the same comparison with opposite signs.
   assert rows[1]["vs_dot"]["diff"] == pytest.approx(-rows[0]["vs_bm25"]["diff"])
   assert rows[1]["vs_dot"]["p_t"] == pytest.approx(rows[0]["vs_bm25"]["p_t"])
