@@ -8,8 +8,8 @@ For the frozen all-MiniLM-L6-v2 embeddings "mean" (mean-pooled, L2-normalised: a
 dot product, the paper's all-mpnet-base-v2 case) and "cls" (CLS-pooled, unnormalised: misaligned,
 the analogue of the paper's general-purpose bert-base-uncased), over 3 seeds: dot (untrained),
 WDP, low-rank P Q^T at r in {2, ..., 128} (pure, as in the paper, and residual I + P Q^T), full
-bilinear, the similarities that start at the dot product and need no new index (the residual
-query adapter, the residual MoL), full W and I + P Q^T r = 32 trained again with the exact
+bilinear, the similarities that start at the dot product (the residual query adapter, which
+needs no new index, and the residual MoL), full W and I + P Q^T r = 32 trained again with the exact
 softmax over the corpus and with negatives mined by the model, BM25 and the hybrid of the best
 learned similarity (picked on dev) with BM25.
 
@@ -20,9 +20,10 @@ P@1 over each question's own pool; or a BEIR folder or zip with a train split), 
 `seeds=0+1+2`), ranks (e.g. `ranks=2+8+32`), residuals (none+identity), sources (ict+both, or
 none), mol (bool: add the MoL row), models (the rows that start at the dot product:
 adapter+mol_residual, or none), negatives (corpus+mined, or none: the `negatives_rows` trained
-again with each `train.negatives_from`), negatives_rows (bilinear+lowrank_r32_identity), embeddings (`mean+cls`), grid (bool: each row but MoL
-selected on dev over `train_grid`'s lr x temperature), quick (bool: one seed, ranks
-2+32+128, pure form only — a smoke run). Ranks 0 and an empty residuals / sources / mol take the
+again with each `train.negatives_from`), negatives_rows (bilinear+lowrank_r32_identity),
+embeddings (`mean+cls`), grid (bool: each row but MoL selected on dev over `train_grid`'s lr x
+temperature), quick (bool: one seed, ranks 2+32+128, pure form only, none of the `models` and
+`negatives` rows — a smoke run). Ranks 0 and an empty residuals / sources / mol take the
 collection's default: SciFact's is the paper's grid; InsuranceQA's (27k answers, 12,889
 training questions) is r = 32 + 128 residual only, no ICT rows, the MoL row, and at most
 `max_steps` steps per run.

@@ -105,8 +105,9 @@ def bilinear_table(ranks: Sequence[int], residuals: Sequence[str], mol: Mapping[
   """The rows of the bilinear table (configs/reproduce_table.py): dot, BM25, WDP, P Q^T at every
   residual x rank, full bilinear, MoL (`mol` options; None: no MoL row), one row per
   `models` entry (its model options, e.g. {"scorer": "adapter"}, or a MoL's with
-  {"residual": "dot"}: the residual MoL, the dot product one more logit), the rows named in `source_rows` again on
-  each of `sources` ("ict", "both"), the rows named in `negatives_rows` again with each of
+  {"residual": "dot"}: the residual MoL, the dot product one more logit), the rows named in
+  `source_rows` again on each of `sources` ("ict", "both"), the rows named in `negatives_rows`
+  again with each of
   `negatives` ("corpus", "mined": `train.negatives_from`, the changes of the config block
   `negatives_train.<name>`), then the hybrid of the row best on dev (mean over seeds;
   judged-pair rows only) with BM25. `grid`: the config block of the `train` values every row

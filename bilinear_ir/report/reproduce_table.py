@@ -110,8 +110,8 @@ def findings(rows: list[dict[str, Any]], config, collection: str = "SciFact") ->
         hybrid=val(next(r for r in mine if r["scorer"] == "hybrid")),
         dot_unseen=dot["unseen_docs"][m], learned_unseen=learned["unseen_docs"][m],
         bm25_unseen=bm25["unseen_docs"][m]))
-    # Beyond the paper's: the rows that start at dot without a table (the adapter, the residual
-    # MoL) and those trained with other negatives.
+    # Beyond the paper's: the rows that start at dot and are none of its scorers (the adapter,
+    # the residual MoL) and those trained with other negatives.
     beyond = [r for r in judged if r["scorer"] not in BASELINES + PAPER_SCORERS
               or tables.other_negatives(r)]
     if beyond:
