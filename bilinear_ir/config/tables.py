@@ -121,11 +121,11 @@ def bilinear_table(ranks: Sequence[int], residuals: Sequence[str], mol: Mapping[
     specs.append({**dict(mol), **blank})
   specs += [{**blank, **dict(model)} for model in models]
   specs = [{**spec, "source": "qrels"} for spec in specs]
-  judged = list(specs)
+  base = list(specs)  # each trained once with the recipe, on the judged pairs
   for source in sources:
-    specs += [{**spec, "source": source} for spec in judged if row_slug(spec) in source_rows]
+    specs += [{**spec, "source": source} for spec in base if row_slug(spec) in source_rows]
   for negs in negatives:
-    specs += [{**spec, "negatives_from": negs} for spec in judged
+    specs += [{**spec, "negatives_from": negs} for spec in base
               if row_slug(spec) in negatives_rows]
   rows = baselines("scorer", {"mode": "full"})
   for spec in specs:
