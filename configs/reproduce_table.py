@@ -49,9 +49,11 @@ def get_config(arg=None):
            (32, 128) if iqa else (2, 4, 8, 16, 32, 64, 96, 128))
   residuals = a["residuals"] or (("identity",) if iqa else ("none", "identity"))
   sources = tuple(x for x in a["sources"] or ((), ("ict", "both"))[not iqa] if x != "none")
-  models = [{"scorer": "adapter"} if m == "adapter" else {**blocks.mol_row(), "residual": "dot"}
-            for m in a["models"] if m != "none"]
-  negatives = tuple(x for x in a["negatives"] if x != "none")
+  starts_at_dot = {"adapter": {"scorer": "adapter"},
+                   "mol_residual": {**blocks.mol_row(), "residual": "dot"}}
+  models = [starts_at_dot[m] for m in arguments.choices(a["models"], "models",
+                                                         tuple(starts_at_dot))]
+  negatives = arguments.choices(a["negatives"], "negatives", tuple(tables.NEGATIVES_LABELS))
   c = ConfigDict()
   c.job = "reproduce_table"
   c.collection = a["collection"]   # "" or an entry of experiment.spec.collection_block

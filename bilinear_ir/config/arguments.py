@@ -70,3 +70,13 @@ def optional_ints(text: str, key: str) -> tuple[int, ...]:
   """A list of integers that may be left empty: "" gives (), "300+1000" gives (300, 1000); a part
   that is not an integer is an `InputError` naming `key`."""
   return _coerce(key, text, (0,)) if text else ()
+
+
+def choices(values: tuple[str, ...], key: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+  """`values` without "none" (the word for an empty list), each one of `allowed`; another is an
+  `InputError` naming `key`."""
+  for v in values:
+    if v != "none" and v not in allowed:
+      raise input_error(f"unknown entry {v!r}; known: {', '.join(allowed)} (or none)",
+                        file="config", field=key)
+  return tuple(v for v in values if v != "none")

@@ -95,3 +95,15 @@ def test_every_config_names_its_own_job_and_a_seed(name):
 def test_unknown_config_argument_is_an_error_of_the_config():
   with pytest.raises(InputError, match="config: field 'colour'"):
     get_config("reproduce_table", "colour=red")
+
+
+@pytest.mark.parametrize("arg,field", [("models=adaptr", "models"),
+                                       ("negatives=corpse", "negatives")])
+def test_an_unknown_table_row_is_refused_naming_its_argument(arg, field):
+  """A misspelt entry of the table's extra rows is refused, not read as another row."""
+  with pytest.raises(InputError, match=f"config: field '{field}'"):
+    get_config("reproduce_table", arg)
+  dropped = {"models": lambda n: n in ("adapter", "mol_residual"),
+             "negatives": lambda n: n.endswith(("_corpus", "_mined"))}[field]
+  assert any(dropped(r["name"]) for r in get_config("reproduce_table").rows)
+  assert not any(dropped(r["name"]) for r in get_config("reproduce_table", f"{field}=none").rows)
