@@ -6,7 +6,7 @@ embeddings, searched by inner product) serves it unchanged. This module searches
 indexes the way a user would, and compares their top-k with the project's exact search:
 
     ids = search("faiss", docs, queries, k=10)                       # [B, 10] doc rows
-    report = compare_topk(ids, scores, top.scores, top.ids, tol)   # top: exact.topk [B, 10]
+    report = compare_topk(ids, scores, top_scores, top_ids, tol)   # ranking.score_topk
 
 Backends (each an optional package, imported when used):
   "faiss":   `faiss.IndexFlatIP` (exact inner product; the `faiss` extra).
@@ -77,7 +77,7 @@ def compare_topk(ids: np.ndarray, scores: np.ndarray, want_scores: np.ndarray,
   Args:
     ids: [B, k] doc rows an index returned.
     scores: [B, N] the project's scores of every doc (`score_all`).
-    want_scores, want_ids: [B, k] the project's exact top-k (`exact.topk`).
+    want_scores, want_ids: [B, k] the project's exact top-k (`ranking.score_topk`).
     tol: scores closer than this count as tied.
 
   Returns:

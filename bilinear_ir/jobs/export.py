@@ -22,7 +22,7 @@ served as a user would serve it, on `data`'s collection: its `encode_document` g
 embeddings an index holds, its `encode_query` the `data.split` queries (a sample of
 `check_queries` of them drawn by `seed`; 0: all), each backend's exact index returns a top-10,
 and `results.json` records, per backend, how many queries get the project's exact top-10
-(`exact.topk` over the project's own embeddings), ties aside (`serving.compare_topk`).
+(`ranking.score_topk` over the project's own embeddings), ties aside (`serving.compare_topk`).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from bilinear_ir.export import saved_model
 from bilinear_ir.export import sentence_transformers
 from bilinear_ir.export import serving
 from bilinear_ir.report import outputs
-from bilinear_ir.retrieval import exact
+from bilinear_ir.retrieval import ranking
 from bilinear_ir.scorers.adapter import QueryAdapter
 from bilinear_ir.scorers.base import TableScorer
 from bilinear_ir.scorers.base import table_matrices
@@ -114,8 +114,7 @@ def serving_check(config: ml_collections.ConfigDict, module, params, model,
     qids = [qids[i] for i in np.sort(rng.choice(len(qids), config.check_queries, replace=False))]
   v, q = {"params": params}, emb.query_rows(qids)
   want_scores = np.asarray(module.apply(v, q, emb.docs, method=module.score_all))  # [B, N]
-  want = exact.topk(module.apply(v, q, method=module.query_table),
-                    module.apply(v, emb.docs, method=module.doc_table), CHECK_K)
+  want_ids, want_top = ranking.score_topk(module, params, q, emb.docs, CHECK_K)  # [B, k] each
   docs = np.asarray(model.encode_document(coll.doc_strings()), np.float32)  # [N, n]
   queries = np.asarray(model.encode_query([coll.queries[x] for x in qids]), np.float32)  # [B, n]
   tol = 1e-5 * float(np.abs(want_scores).max())
@@ -126,8 +125,7 @@ def serving_check(config: ml_collections.ConfigDict, module, params, model,
   for backend in config.check.split("+"):
     with tempfile.TemporaryDirectory() as folder:
       ids = serving.search(backend, docs, queries, CHECK_K, folder)
-    out[backend] = serving.compare_topk(ids, want_scores, np.asarray(want.scores),
-                                        np.asarray(want.ids), tol)
+    out[backend] = serving.compare_topk(ids, want_scores, want_top, want_ids, tol)
   return out
 
 
