@@ -104,6 +104,10 @@ def test_rows_come_out_as_declared_and_the_hybrid_takes_the_row_best_on_dev(coll
   assert wdp["std"][m0] == pytest.approx(np.std(vals, ddof=1))
   assert wdp["dev"] == {sel: pytest.approx(dev["wdp"])} and wdp["best_steps"] == [3, 3]
   assert wdp["negatives_from"] == c.train.negatives_from
+  # ...and each test query's value, the mean over seeds (for paired tests between rows).
+  outs = runs["wdp"].outs
+  assert wdp["per_query"] == pytest.approx(
+      {q: np.mean([o["per_query"][q][m0] for o in outs]) for q in outs[0]["per_query"]})
   # The dense rows keep per-query metrics, not their run dicts (100 MB each on InsuranceQA).
   assert all("run" not in o and o["per_query"] for n in ("dot", "wdp", "bilinear")
              for o in runs[n].outs)

@@ -55,6 +55,7 @@ def test_every_row_is_compared_with_dot_and_bm25_holm_adjusted(table):
   for r in rows[1:]:
     diff = np.mean(stats.paired_differences(r["per_query"], rows[0]["per_query"]))
     assert diff == pytest.approx(r["vs_dot"]["diff"])
+    assert np.mean(list(r["per_query"].values())) == pytest.approx(r["metrics"]["ndcg@10"])
   # BM25 vs dot and dot vs BM25 are the same comparison with opposite signs.
   assert rows[1]["vs_dot"]["diff"] == pytest.approx(-rows[0]["vs_bm25"]["diff"])
   assert rows[1]["vs_dot"]["p_t"] == pytest.approx(rows[0]["vs_bm25"]["p_t"])
