@@ -55,8 +55,11 @@ def get_config(arg=None):
   # With `grid`, every row but MoL is trained at each point of `train_grid` (lr x temperature)
   # and the point best on dev kept, per run, like the step (rows record "grid_points").
   c.train_grid = blocks.train_grid()
-  c.runner = ConfigDict({"summary": "queries", "fields": ("dev", "best_steps", "seconds"),
-                         "paired": False})
+  # "fit": each trained row's dev metric on up to `fit_queries` of each run's own training
+  # questions, at step 0 and selected: set beside the gain on dev, what it learnt of those
+  # questions only (rows record "fit").
+  c.runner = ConfigDict({"summary": "queries", "fields": ("dev", "best_steps", "seconds", "fit"),
+                         "fit_queries": 2000, "paired": False})
   # data, encoder, bm25, model, train, hybrid, eval, stats: the bilinear table's recipe.
   blocks.table_recipe(c)
   # Training length per subset: the recipe's `train.epochs` over the subset's judged pairs, at

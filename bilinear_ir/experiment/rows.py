@@ -1,7 +1,7 @@
 """What the rows of a table are made of: a spec trained over seeds (`seed_runs`), means over
 seeds and queries (`aggregate`, `seed_mean`, `query_means`, `dev_mean`), dev selection
-(`best_on_dev`), the unseen-doc test queries (`unseen_doc_queries`, `unseen_mean`) and P@1 over
-each query's own pool (`pool_p_at_1`). `experiment.table` runs a table's rows with them.
+(`best_on_dev`), the unseen-doc test queries (`unseen_doc_queries`, `unseen_mean`), P@1 over
+each query's own pool (`pool_p_at_1`) and the fit to the training queries (`training_fit`). `experiment.table` runs a table's rows with them.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from bilinear_ir.config import tables
 from bilinear_ir.data import pipeline
+from bilinear_ir.eval import metrics as metrics_lib
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
@@ -103,6 +104,47 @@ def seed_runs(recipe: spec_lib.Recipe, spec: Mapping[str, Any], seeds: Sequence[
     if each is not None:
       each(seed, out)
   return outs
+
+
+def fit_queries(split: pipeline.Split, k: int, seed: int) -> list[str]:
+  """Up to `k` of `split`'s query ids (all when it has no more), drawn by `seed`, sorted."""
+  ids = list(split.query_ids)
+  if len(ids) <= k:
+    return ids
+  return sorted(np.random.default_rng(seed).choice(ids, k, replace=False).tolist())
+
+
+def training_fit(prepared: pipeline.Prepared, ecfg, runs: Sequence[tuple[int, pipeline.Split,
+                                                                        dict[str, Any]]],
+                 k: int, measure: str) -> dict[str, Any]:
+  """How much better the selected params rank their own training queries than step 0 does: the
+  gap between this and the gain on dev is what the model learnt of its training questions only.
+
+  Args:
+    prepared: the cell's collection, embeddings and BM25.
+    ecfg: the `eval` block (mode, rerank depth).
+    runs: one (seed, the training split it trained on, its `train_and_evaluate` out) per run.
+    k: training queries evaluated per run (`fit_queries`, drawn by the run's seed).
+    measure: the measure (the dev selection metric; an @k measure).
+
+  Returns:
+    {"queries": [per run: how many], "step0": mean over runs of `measure` at the initial params
+    (`training.initial_params`, the dot product for a scorer that starts at it), "selected":
+    the same at the params dev selected}.
+  """
+  depth = metrics_lib.parse_measure(measure)[1] or ecfg.depth
+  counts, step0, selected = [], [], []
+  for seed, split, out in runs:
+    qids = fit_queries(split, k, seed)
+    sub = pipeline.Split("fit", qids, {q: split.qrels[q] for q in qids})
+    module = out["module"]
+    for params, into in ((training.initial_params(module, seed, prepared.embeddings.docs),
+                          step0), (out["params"], selected)):
+      metrics, _ = training.evaluate_split(prepared, ecfg, sub, module, params, [measure], depth)
+      into.append(metrics["mean"][measure])
+    counts.append(len(qids))
+  return {"queries": counts, "step0": float(np.mean(step0)),
+          "selected": float(np.mean(selected))}
 
 
 def unseen_mean(outs: list[dict[str, Any]], unseen: list[str], measure: str) -> dict[str, float]:

@@ -19,7 +19,8 @@ Each row is summarised as `config.runner.summary` says:
              over each test query's own pool where listed;
   "queries": the mean over queries of the seed-mean metrics, the first measure per query (mean
              over seeds), and the `runner.fields` asked for ("n_queries", "dev", "best_steps",
-             "seconds").
+             "seconds", "fit": a trained row's dev metric on up to `runner.fit_queries` of each
+             run's own training queries, at step 0 and selected, `rows.training_fit`).
 With `runner.paired`, every row is compared per query with dot and with BM25 of its cell (the
 rows equal in the `runner.cell` fields; baselines named by the `runner.name` field), one Holm
 family per baseline (`compare.against_baselines`); a job adds its own views (e.g. `compare.curve`).
@@ -334,6 +335,12 @@ def summarise(config, cell: Cell, runs: Runs, unseen: list[str], pools
     row["best_steps"] = [int(o["best_step"]) for o in outs]
   if "seconds" in fields:
     row["seconds"] = round(sum(o.get("seconds", 0.0) for o in outs), 1)
+  if "fit" in fields and kind == "trained" and spec["split"] != "ict":
+    row["fit"] = rows_lib.training_fit(
+        cell.prepared, cell.recipe.eval,
+        [(seed, s.train, out) for seed, seed_fits in zip(config.seeds, runs.fits)
+         for s, out in zip(_trained_on(cell, seed), seed_fits)],
+        int(config.runner.fit_queries), sel)
   _grid_fields(row, runs)
   if kind == "trained":
     row["negatives_from"] = _negatives_from(outs)

@@ -247,10 +247,7 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
   doc_ids = prepared.collection.doc_ids
 
   def evaluate_on(split, p, measures, depth):
-    rows = prepared.query_row_index(split.query_ids)
-    cands = prepared.bm25_idx[rows][:, :ecfg.rerank_depth] if ecfg.mode == "rerank" else None
-    return evaluate.RankingEvaluator(split.query_ids, doc_ids, split.qrels, measures, ecfg.mode,
-                                     depth, cands)(module, p, emb.queries[rows], emb.docs)
+    return evaluate_split(prepared, ecfg, split, module, p, measures, depth)
 
   # Dev evaluations only need the depth of their measures (all @k), not the run's full depth.
   dev_measures = list(evaluate.dev_measures(tcfg.select_metric))
@@ -304,6 +301,18 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
           "train_source": tcfg.get("source", "qrels"),
           "negatives_from": tcfg.get("negatives_from", "bm25"),
           "ict_pairs": data.ict_pairs if data is not None else 0, "ict_guard": guard}
+
+
+def evaluate_split(prepared: pipeline.Prepared, ecfg, split: pipeline.Split, module, params: Any,
+                   measures, depth: int) -> tuple[dict[str, Any], dict]:
+  """(metrics, run) of (module, params) on the queries of `split` over the whole corpus, as the
+  `eval` block `ecfg` says (`mode` full, or rerank of BM25's top `rerank_depth`), to `depth`."""
+  rows = prepared.query_row_index(split.query_ids)
+  cands = prepared.bm25_idx[rows][:, :ecfg.rerank_depth] if ecfg.mode == "rerank" else None
+  return evaluate.RankingEvaluator(split.query_ids, prepared.collection.doc_ids, split.qrels,
+                                   measures, ecfg.mode, depth, cands)(
+                                       module, params, prepared.embeddings.queries[rows],
+                                       prepared.embeddings.docs)
 
 
 def run_dir(workdir: str | None, row: spec.Row | Mapping[str, Any],

@@ -293,6 +293,8 @@ def check_rows(config, allowed: Sequence[str] | None = None) -> None:
   scorers the job takes (None: any)."""
   require(len(config.rows) > 0, "a table needs at least one row", field="rows")
   one_of(config.runner.summary, ("seeds", "queries"), "runner.summary")
+  if "fit" in config.runner.get("fields", ()):
+    integer(config.runner.get("fit_queries"), "runner.fit_queries", 1)
   names: list[str] = []
   for i, spec in enumerate(config.rows):
     f = lambda key, i=i: f"rows[{i}].{key}"

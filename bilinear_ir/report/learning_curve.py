@@ -44,6 +44,7 @@ def markdown(results: dict[str, Any], config) -> str:
     learned = [r for r in mine if r["model"] == "learned"]
     out.append("Chosen on dev (`learned`, per seed): " + "; ".join(
         f"n={r['n_train']}: {'+'.join(r['chosen'])}" for r in learned) + ".\n")
+    out.append(_fit_table(mine, results["sizes"], config))
   for emb, h in results["hybrid_dot_bm25"].items():
     out.append(text.prose(JOB, "hybrid", emb=emb, m0=m0, value=h["metrics"][m0],
                             lam=h["lambda"], n=h["learned_vs_hybrid"]["n_train"],
@@ -52,6 +53,25 @@ def markdown(results: dict[str, Any], config) -> str:
       f"{e}: {'n = ' + str(n) if n is not None else 'none'}"
       for e, n in results["crossover"].items())))
   return "".join(out)
+
+
+def _fit_table(rows: list[dict[str, Any]], sizes: list[int], config) -> str:
+  """The rows' fit to their own training questions against their gain on dev, per n (rows with
+  "fit", `experiment.rows.training_fit`); "" when none has it."""
+  sel = config.train.select_metric
+  fitted = list(dict.fromkeys(r["model"] for r in rows if "fit" in r))
+  if not fitted:
+    return ""
+  table = []
+  for n in sizes:
+    at = {r["model"]: r for r in rows if r["n_train"] == n}
+    dot_dev = at["dot"]["dev"][sel]
+    table.append([n] + [
+        f"{at[m]['fit']['selected'] - at[m]['fit']['step0']:+.3f} / "
+        f"{at[m]['dev'][sel] - dot_dev:+.3f}" if m in at and "fit" in at[m] else "-"
+        for m in fitted])
+  return (text.prose(JOB, "fit", sel=sel, k=config.runner.fit_queries) + "\n"
+          + text.markdown_table(table, ["n"] + fitted) + "\n")
 
 
 def plot(results: dict[str, Any], config):

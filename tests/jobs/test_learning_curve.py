@@ -1,11 +1,13 @@
 """The learning curve: nested subsets, the unseen-answer view, and the job on a planted collection
 where models learn and differ."""
+import glob
 import importlib.util
 import json
 import os
 import types
 
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import scipy.linalg
 
@@ -248,6 +250,56 @@ def test_learned_is_the_dev_argmax_not_the_test_argmax(curve_run):
   assert disagree >= 2  # picking by test would choose another learned row at these n
 
 
+def _ndcg10_one_gold(queries: np.ndarray, docs: np.ndarray, gold: np.ndarray) -> float:
+  """nDCG@10 of queries [Q, n] with one gold doc row each (gold [Q]) over docs [N, n], by hand."""
+  scores = queries @ docs.T
+  rank = 1 + (scores > scores[np.arange(len(gold)), gold][:, None]).sum(1)
+  return float(np.mean(np.where(rank <= 10, 1.0 / np.log2(rank + 1), 0.0)))
+
+
+def test_fit_is_scored_on_each_runs_own_training_questions(curve_run):
+  """A trained row's "fit" is the dev metric on the run's own training subset (all of it here:
+  n <= `runner.fit_queries`), at step 0 (the dot product) and at the params dev selected (the
+  full W restored from the run's checkpoint), against a numpy twin; the report shows the gap."""
+  config, res = curve_run
+  assert config.train.select_metric == "ndcg@10"
+  ((_, prepared, (splitset, *_)),) = list(spec_lib.embeddings_of(
+      config, spec_lib.collection_block(config.data, config.collection)))
+  emb, gold = prepared.embeddings, _planted_gold(30)
+  rows_of = {q: i for i, q in enumerate(emb.query_ids)}
+  doc_row = {d: i for i, d in enumerate(emb.doc_ids)}
+  workdir = res["_workdir"]
+  for r in res["rows"]:
+    if r["model"] not in ("wdp", "bilinear"):
+      assert "fit" not in r
+      continue
+    n = r["n_train"]
+    assert r["fit"]["queries"] == [n] * len(config.seeds)
+    step0, selected = [], []
+    for seed in config.seeds:
+      qids = curve.nested_subsets(splitset.train.query_ids, res["sizes"], seed)[n]
+      q = emb.queries[[rows_of[x] for x in qids]]
+      g = np.array([doc_row[f"d{gold[x]}"] for x in qids])
+      step0.append(_ndcg10_one_gold(q, emb.docs, g))
+      if r["model"] == "bilinear":
+        (folder,) = glob.glob(os.path.join(workdir, "runs", f"*-n{n}-bilinear-seed{seed}-*"))
+        ckpt = os.path.join(folder, "checkpoints")
+        step = max(int(x) for x in os.listdir(ckpt) if x.isdigit())
+        tree = ocp.StandardCheckpointer().restore(os.path.join(ckpt, str(step), "tree"))
+        selected.append(_ndcg10_one_gold(q @ np.asarray(tree["best"]["params"]["W"]),
+                                         emb.docs, g))
+    assert r["fit"]["step0"] == pytest.approx(np.mean(step0), abs=1e-6), (r["model"], n)
+    if selected:
+      assert r["fit"]["selected"] == pytest.approx(np.mean(selected), abs=1e-6), n
+  # The training questions share the planted map: the full W fits them far above dot at n = 40.
+  at40 = {r["model"]: r for r in res["rows"] if r["n_train"] == 40}
+  assert at40["bilinear"]["fit"]["selected"] > at40["bilinear"]["fit"]["step0"] + 0.2
+  md = curve_report.markdown(res, config)
+  fit = at40["bilinear"]["fit"]
+  dev_gain = at40["bilinear"]["dev"]["ndcg@10"] - at40["dot"]["dev"]["ndcg@10"]
+  assert f"| 40 |" in md and f"{fit['selected'] - fit['step0']:+.3f} / {dev_gain:+.3f}" in md
+
+
 def test_crossover_is_the_smallest_n_whose_holm_p_is_below_alpha(curve_run):
   config, res = curve_run
   learned = [r for r in res["rows"] if r["model"] == "learned"]
@@ -344,6 +396,11 @@ def test_bad_arguments_are_refused(tmp_path):
   config.sizes = (0, 10)
   with pytest.raises(InputError, match="sizes"):
     learning_curve.validate(config)
+  for bad in (0, -1):  # (a float is refused by the ConfigDict itself)
+    config = _config(folder, tmp_path)
+    config.runner.fit_queries = bad
+    with pytest.raises(InputError, match=r"runner\.fit_queries"):
+      learning_curve.validate(config)
 
 
 def test_plot_goes_symlog_only_where_a_difference_leaves_the_linear_band():
