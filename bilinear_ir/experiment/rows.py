@@ -1,7 +1,8 @@
 """What the rows of a table are made of: a spec trained over seeds (`seed_runs`), means over
 seeds and queries (`aggregate`, `seed_mean`, `query_means`, `dev_mean`), dev selection
 (`best_on_dev`), the unseen-doc test queries (`unseen_doc_queries`, `unseen_mean`), P@1 over
-each query's own pool (`pool_p_at_1`) and the fit to the training queries (`training_fit`). `experiment.table` runs a table's rows with them.
+each query's own pool (`pool_p_at_1`) and the fit to the training queries (`training_fit`).
+`experiment.table` runs a table's rows with them.
 """
 from __future__ import annotations
 
