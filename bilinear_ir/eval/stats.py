@@ -41,6 +41,10 @@ GAIN, LOSS, TIE = "+", "\u2212", ""  # `mark` symbols; LOSS is the minus sign U+
 _CHUNK_ELEMENTS = 1 << 21  # about 16 MiB of float64 per chunk
 _REL_TOL = 1e-9  # |S| >= |S_obs| - _REL_TOL * sum|d| counts as "at least as extreme"
 _MAX_IDS_SHOWN = 20
+# A per-query difference smaller than this is a tie: float noise of averaging equal values (the
+# seed mean of three identical runs differs from the single run's value in the last bit, and
+# the same sign on every query made such a row "significantly" above dot).
+TIE_TOL = 1e-12
 
 
 def _ids_text(ids: Sequence[Any]) -> str:
@@ -59,7 +63,8 @@ def paired_differences(a: Mapping[Any, float] | Sequence[float] | np.ndarray,
     b: the same for baseline B; a dict when `a` is one, with exactly the same query ids.
 
   Returns:
-    `d: [n]` float64, `a[q] - b[q]` over the query ids in sorted order (dicts) or `a - b` (arrays).
+    `d: [n]` float64, `a[q] - b[q]` over the query ids in sorted order (dicts) or `a - b` (arrays),
+    0 where its magnitude is below `TIE_TOL`.
 
   Raises:
     InputError: dict key sets differ (the message names the ids missing from each side), one
@@ -102,7 +107,8 @@ def paired_differences(a: Mapping[Any, float] | Sequence[float] | np.ndarray,
                         f"{ids[bad[0]]!r}")
   if av.shape[0] < 2:
     raise input_error(f"paired statistics need at least 2 queries, got {av.shape[0]}")
-  return av - bv
+  d = av - bv
+  return np.where(np.abs(d) < TIE_TOL, 0.0, d)
 
 
 def permutation_p(d: np.ndarray, *, rng: np.random.Generator, resamples: int = 10_000,

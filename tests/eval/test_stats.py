@@ -210,6 +210,22 @@ def test_all_zero_differences(n):
                  "effect_size": 0.0, "n": n}
 
 
+def test_a_seed_mean_of_identical_runs_ties_with_the_single_run():
+  """Averaging three equal values can move the last bit; those differences are ties, not a
+  significant gain (a step-0 full W, ranking exactly as dot, was marked "+" over dot)."""
+  rng = np.random.default_rng(0)
+  single = rng.uniform(size=400)
+  seed_mean = np.array([np.mean([v, v, v]) for v in single])
+  d = seed_mean - single
+  assert np.count_nonzero(d) > 50 and np.all(np.abs(d) < 1e-15)  # the premise: ulp noise
+  out = stats.paired(seed_mean, single, seed=0, resamples=500, bootstrap=500)
+  assert out["diff"] == 0.0 and out["p_perm"] == 1.0 and out["ci95"] == [0.0, 0.0]
+  real = seed_mean.copy()
+  real[:3] += 1e-3  # a real difference on three queries still counts
+  assert stats.paired(real, single, seed=0, resamples=500, bootstrap=500)["diff"] == (
+      pytest.approx(3e-3 / 400))
+
+
 def test_all_equal_nonzero_differences():
   a = np.full(6, 0.75)
   out = stats.paired(a, a - 0.25, seed=0)
