@@ -107,9 +107,8 @@ def bilinear_table(ranks: Sequence[int], residuals: Sequence[str], mol: Mapping[
   `models` entry (its model options, e.g. {"scorer": "adapter"}, or a MoL's with
   {"residual": "dot"}: the residual MoL, the dot product one more logit), the rows named in
   `source_rows` again on each of `sources` ("ict", "both"), the rows named in `negatives_rows`
-  again with each of
-  `negatives` ("corpus", "mined": `train.negatives_from`, the changes of the config block
-  `negatives_train.<name>`), then the hybrid of the row best on dev (mean over seeds;
+  again with each of `negatives` ("corpus", "mined": `train.negatives_from`, the changes of the
+  config block `negatives_train.<name>`), then the hybrid of the row best on dev (mean over seeds;
   judged-pair rows only) with BM25. `grid`: the config block of the `train` values every row
   but MoL is selected over on dev (None: the recipe's own)."""
   blank = {"rank": None, "residual": None}
