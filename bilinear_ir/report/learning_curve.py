@@ -67,8 +67,8 @@ def _fit_table(rows: list[dict[str, Any]], sizes: list[int], config) -> str:
     at = {r["model"]: r for r in rows if r["n_train"] == n}
     dot_dev = at["dot"]["dev"][sel]
     table.append([n] + [
-        f"{at[m]['fit']['selected'] - at[m]['fit']['step0']:+.3f} / "
-        f"{at[m]['dev'][sel] - dot_dev:+.3f}" if m in at and "fit" in at[m] else "-"
+        f"{text.fmt_diff(at[m]['fit']['selected'] - at[m]['fit']['step0'])} / "
+        f"{text.fmt_diff(at[m]['dev'][sel] - dot_dev)}" if m in at and "fit" in at[m] else "-"
         for m in fitted])
   return (text.prose(JOB, "fit", sel=sel, k=config.runner.fit_queries) + "\n"
           + text.markdown_table(table, ["n"] + fitted) + "\n")

@@ -21,6 +21,13 @@ def fmt(x: Any, digits: int = 3, style: str = "f") -> str:
   return str(x)
 
 
+def fmt_diff(x: float, digits: int = 3) -> str:
+  """A signed difference as a table cell, e.g. `+0.012`. One below `stats.TIE_TOL` in magnitude
+  is a tie (a seed mean of identical runs can move the last bit) and reads `+0.000`, not
+  `-0.000`."""
+  return f"{0.0 if abs(x) < stats.TIE_TOL else x:+.{digits}f}"
+
+
 def fmt_paired(comparison: dict[str, Any] | None, alpha: float = 0.05, ci: bool = True) -> str:
   """A paired comparison (`eval.stats.paired`) as a table cell: `+0.012 [-0.004, +0.028]
   p=0.31` with "+" / "\u2212" appended for a significant gain / loss (Holm p when present)."""

@@ -101,6 +101,15 @@ def test_against_baselines_adds_one_holm_family_per_baseline():
       np.mean([per_query[2][q] - per_query[0][q] for q in qids]))
 
 
+def test_a_tie_reads_as_zero_and_a_real_difference_keeps_its_sign():
+  """A seed mean of three identical runs minus the single run is -5.6e-17 (the mpnet-mean
+  curve's step-0 rows): a tie, "+0.000"; a real difference that rounds to zero keeps its sign."""
+  assert np.mean([0.4649] * 3) - 0.4649 != 0.0  # the case, as it happens in float64
+  assert report.fmt_diff(np.mean([0.4649] * 3) - 0.4649) == "+0.000"
+  assert report.fmt_diff(-2e-4) == "-0.000" and report.fmt_diff(0.0123) == "+0.012"
+  assert report.fmt_diff(-0.0123, digits=4) == "-0.0123"
+
+
 def test_prose_fills_a_template_section():
   text = report.prose("reproduce_table", "unseen", m0="ndcg@10", pool="")
   assert text.startswith("*unseen docs*: ndcg@10 on the test queries") and text.endswith(".\n")
