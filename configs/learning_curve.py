@@ -88,7 +88,9 @@ def get_config(arg=None):
   # finetunes=query_tower+two_tower: per n, the encoder fine-tuned on the same subset of each
   # seed (`experiment.finetuning.curve_rows`), one row per mode, beside the learned
   # similarities: configs/finetune.py's recipe (MNRL, batches of 64 queries, AdamW with warm-up),
-  # `finetune_epochs` epochs of the n queries, `evals` dev evaluations, step 0 a candidate.
+  # `finetune_epochs` epochs of the n queries, `evals` dev evaluations, step 0 a candidate;
+  # each query's hard negative from the collection's listed ones (else BM25's) where the rows mine
+  # theirs (a fine-tune does not re-encode the corpus to mine; `experiment.finetuning.Setting`).
   c.modes = a["finetunes"] if not quick else ()
   c.finetune_epochs = a["finetune_epochs"]
   c.finetune = blocks.finetune_config()

@@ -38,6 +38,7 @@ from bilinear_ir.experiment import training
 from bilinear_ir.experiment import validation
 from bilinear_ir.scorers import registry
 from bilinear_ir.train import finetune
+from bilinear_ir.train import trainer
 
 
 @dataclasses.dataclass
@@ -51,7 +52,11 @@ class Setting:
       max_length, query_prompt, doc_prompt).
     prepared: the collection, its frozen embeddings (docs [N, n]) and BM25.
     splitset: the train / dev / test splits.
-    hard_depth, negatives_from: the hard-negative pool (`pipeline.trainset`).
+    hard_depth, negatives_from: the hard-negative pool (`pipeline.trainset`): the recipe's
+      `train` block's; where its rows mine their negatives with the model (`negatives_from`
+      "mined" or "corpus", `trainer.MODEL_NEGATIVES`: the learning curve's default on
+      InsuranceQA), the negatives the collection lists ("dataset") if it lists any, else
+      BM25's: a fine-tune does not re-encode the corpus to mine.
   """
   encoder: Encoder
   encoder_cfg: ml_collections.ConfigDict
@@ -68,8 +73,11 @@ class Setting:
     require(enc.kind == "flax", "a fine-tune needs the encoder itself, not precomputed "
             "embeddings", field="embeddings")
     encoder = load_encoder(str(enc.model), embeddings.resolve_cache_dir(str(enc.cache_dir)))
+    negatives_from = str(recipe.train.negatives_from)
+    if negatives_from in trainer.MODEL_NEGATIVES:
+      negatives_from = "dataset" if prepared.collection.negatives else "bm25"
     return cls(encoder, enc, dict(prepared.embeddings.manifest["settings"]), prepared,
-               splitset, int(recipe.train.hard_depth), str(recipe.train.negatives_from))
+               splitset, int(recipe.train.hard_depth), negatives_from)
 
 
 def tokens(encoder: Encoder, texts: Sequence[str], max_length: int, prefix: str
@@ -179,7 +187,8 @@ def finetune_row(settings: Sequence[Setting], recipe, cfg: ml_collections.Config
   Returns:
     ({"model": cfg.mode ("query_tower", "two_tower"), "metrics", "per_query" {qid: first
     measure} (seed means), "dev", "best_steps", "history" (step 0's loss null), "finetune":
-    {"mode", "steps", "seconds", "device", "reindex_seconds", "train_queries" (per seed)}},
+    {"mode", "steps", "seconds", "device", "reindex_seconds", "negatives_from" (the hard
+    pool's source, `Setting`), "train_queries" (per seed)}},
     params).
   """
   outs = [run(setting, cfg, seed, measures, depth, select_metric, training.run_dir(
@@ -200,6 +209,7 @@ def finetune_row(settings: Sequence[Setting], recipe, cfg: ml_collections.Config
                       "seconds": round(sum(o["seconds"] for o in outs), 3),
                       "device": device(),
                       "reindex_seconds": round(max(o["reindex_seconds"] for o in outs), 3),
+                      "negatives_from": settings[0].negatives_from,
                       "train_queries": [len(st.splitset.train.query_ids) for st in settings]}}
   return row, outs[0]["params"]
 

@@ -37,7 +37,8 @@ pytestmark = pytest.mark.usefixtures("one_device_training")
 
 QUERY_WORDS, DOC_WORDS = WORDS[:17], WORDS[17:34]  # word i of a query <-> word i of its doc
 DOCS, TRAIN, DEV, TEST, SHARED = 60, 32, 12, 16, 4
-FT_FIELDS = {"mode", "steps", "seconds", "device", "reindex_seconds", "train_queries"}
+FT_FIELDS = {"mode", "steps", "seconds", "device", "reindex_seconds", "negatives_from",
+             "train_queries"}
 TRAINED = ("bilinear", "adapter")  # the trained rows over the frozen embeddings, in the test
 
 
@@ -154,7 +155,7 @@ def test_rows_and_their_fields(done):
   for mode in ("query_tower", "two_tower"):
     f = rows[mode]["finetune"]
     assert set(f) == FT_FIELDS and f["mode"] == mode and f["steps"] == 8
-    assert f["train_queries"] == [TRAIN]
+    assert f["train_queries"] == [TRAIN] and f["negatives_from"] == "bm25"
     assert f["seconds"] > 0 and " x " in f["device"]
     assert [h["step"] for h in rows[mode]["history"][0]] == [0, 4, 8]
   assert rows["query_tower"]["finetune"]["reindex_seconds"] == 0.0  # the index never changes
@@ -307,29 +308,51 @@ def test_two_tower_refuses_the_corpus_loss():
     job.validate(config)
 
 
-def test_the_learning_curve_fine_tunes_each_seeds_subset_at_every_n(planted):
-  """learning_curve with finetunes=query_tower: at every n one fine-tune row, trained on the n
-  queries of the seed's subset (not the whole training split) for ceil(epochs n / batch)
-  steps, compared with dot like the curve's other rows (Holm over the n of the curve)."""
+def run_curve(planted, sizes: str, epochs: float, workdir: str, **train):
+  """The learning curve's results on the planted collection with finetunes=query_tower: the wdp
+  row (4 steps) and the fine-tune at each of `sizes` (`epochs` epochs of batches of 8); `train`:
+  changes to the train block."""
   root, folder, model = planted
-  c = get_config("learning_curve", f"collection={folder},embeddings=mean,seeds=0,sizes=8+{TRAIN},"
+  c = get_config("learning_curve", f"collection={folder},embeddings=mean,seeds=0,sizes={sizes},"
                                    "models=wdp,max_steps=4,finetunes=query_tower,"
-                                   "finetune_epochs=1.5")
+                                   f"finetune_epochs={epochs}")
   c.encoder.model, c.encoder.cache_dir, c.encoder.max_length = model, os.path.join(root, "cache"), 16
-  c.train.hard_depth = 5
+  c.train.update(dict(hard_depth=5, **train))
   c.evals = 2
   c.finetune.update(dict(batch_size=8, lr=2e-3, checkpoint_every=2))
   c.eval.depth = 20
   c.stats.resamples = 200
   c.lock()
   curve_job.validate(c)
-  results = curve_job.run(c, os.path.join(root, "w-curve")).results
+  return curve_job.run(c, os.path.join(root, workdir)).results
+
+
+def test_the_learning_curve_fine_tunes_each_seeds_subset_at_every_n(planted):
+  """learning_curve with finetunes=query_tower: at every n one fine-tune row, trained on the n
+  queries of the seed's subset (not the whole training split) for ceil(epochs n / batch)
+  steps, compared with dot like the curve's other rows (Holm over the n of the curve)."""
+  results = run_curve(planted, f"8+{TRAIN}", 1.5, "w-curve")
   tuned = [r for r in results["rows"] if r["model"] == "query_tower"]
   assert [r["n_train"] for r in tuned] == [8, TRAIN]
   for r in tuned:
     n = r["n_train"]
     f = r["finetune"]
     assert f["train_queries"] == [n] and f["steps"] == int(np.ceil(1.5 * n / 8)), f
+    assert f["negatives_from"] == "bm25"
     assert [h["step"] for h in r["history"][0]][-1] == f["steps"]
     assert r["vs_dot"]["n"] == TEST and r["vs_dot"]["p_holm"] >= r["vs_dot"]["p_perm"]
   assert results["finetunes"] == {"modes": ["query_tower"], "epochs": 1.5, "loss": "mnrl"}
+
+
+def test_a_curve_whose_rows_mine_their_negatives_fine_tunes_on_a_fixed_pool(planted):
+  """learning_curve with negatives mined by the model (its default on InsuranceQA) and
+  finetunes=query_tower: the trained rows mine, the fine-tune draws its hard negatives from the
+  collection's fixed pool (BM25's here: the planted collection lists none) and records it.
+  Before, the fine-tune asked `pipeline.trainset` for a "mined" pool and the job stopped with
+  exit code 2 after training every other row."""
+  results = run_curve(planted, str(TRAIN), 0.5, "w-curve-mined", negatives_from="mined",
+                      refresh_every=2)
+  rows = {r["model"]: r for r in results["rows"]}
+  assert rows["wdp"]["negatives_from"] == "mined"
+  assert rows["query_tower"]["finetune"]["negatives_from"] == "bm25"
+  assert rows["query_tower"]["finetune"]["steps"] == TRAIN // 16
