@@ -9,6 +9,7 @@ encoder folders, that query_tower ranks with the frozen cache's doc embeddings b
 a killed fine-tune's rerun ends with the numbers of an undisturbed one, and that dev (not test)
 chose the steps and the dev-best row.
 """
+import gzip
 import json
 import os
 
@@ -65,6 +66,29 @@ def write_planted(root: str) -> str:
     with open(os.path.join(folder, "qrels", f"{split}.tsv"), "w", encoding="utf-8") as f:
       f.write("query-id\tcorpus-id\tscore\n")
       f.writelines(f"{q}\td{d}\t1\n" for q, d in gold.items() if q.startswith(prefix))
+  return folder
+
+
+def write_planted_iqa(root: str, beir: str, listed: int = 3) -> str:
+  """The planted BEIR folder `beir` in InsuranceQA V2's layout (`answers.json.gz` and
+  `{train,valid,test}.json.gz`), each question listing `listed` negatives: the docs after its
+  gold one (mod the corpus), never a gold answer of its own."""
+  folder = os.path.join(root, "planted_iqa")
+  os.makedirs(folder)
+  with open(os.path.join(beir, "corpus.jsonl"), encoding="utf-8") as f:
+    docs = [json.loads(line) for line in f]
+  with open(os.path.join(beir, "queries.jsonl"), encoding="utf-8") as f:
+    texts = {q["_id"]: q["text"] for q in map(json.loads, f)}
+  files = {"answers": {d["_id"]: {"en": d["text"], "zh": ""} for d in docs}}
+  for split, name in (("train", "train"), ("dev", "valid"), ("test", "test")):
+    with open(os.path.join(beir, "qrels", f"{split}.tsv"), encoding="utf-8") as f:
+      gold = dict(line.split("\t")[:2] for line in list(f)[1:])
+    files[name] = {q: {"en": texts[q], "zh": "", "domain": "planted", "answers": [d],
+                       "negatives": [f"d{(int(d[1:]) + k) % DOCS}" for k in range(1, listed + 1)]}
+                   for q, d in gold.items()}
+  for name, obj in files.items():
+    with gzip.open(os.path.join(folder, f"{name}.json.gz"), "wt", encoding="utf-8") as f:
+      json.dump(obj, f)
   return folder
 
 
@@ -308,14 +332,16 @@ def test_two_tower_refuses_the_corpus_loss():
     job.validate(config)
 
 
-def run_curve(planted, sizes: str, epochs: float, workdir: str, **train):
+def run_curve(planted, sizes: str, epochs: float, workdir: str, iqa: str = "", **train):
   """The learning curve's results on the planted collection with finetunes=query_tower: the wdp
-  row (4 steps) and the fine-tune at each of `sizes` (`epochs` epochs of batches of 8); `train`:
-  changes to the train block."""
+  row (4 steps) and the fine-tune at each of `sizes` (`epochs` epochs of batches of 8); `iqa`:
+  the collection's InsuranceQA-layout copy (`write_planted_iqa`), read as collection=insuranceqa
+  reads the package's files; `train`: changes to the train block."""
   root, folder, model = planted
-  c = get_config("learning_curve", f"collection={folder},embeddings=mean,seeds=0,sizes={sizes},"
-                                   "models=wdp,max_steps=4,finetunes=query_tower,"
-                                   f"finetune_epochs={epochs}")
+  c = get_config("learning_curve", f"collection={'insuranceqa' if iqa else folder},"
+                                   f"embeddings=mean,seeds=0,sizes={sizes},models=wdp,"
+                                   f"max_steps=4,finetunes=query_tower,finetune_epochs={epochs}")
+  c.data.path = iqa  # collection=insuranceqa reads the package's files from this folder
   c.encoder.model, c.encoder.cache_dir, c.encoder.max_length = model, os.path.join(root, "cache"), 16
   c.train.update(dict(hard_depth=5, **train))
   c.evals = 2
@@ -356,3 +382,17 @@ def test_a_curve_whose_rows_mine_their_negatives_fine_tunes_on_a_fixed_pool(plan
   assert rows["wdp"]["negatives_from"] == "mined"
   assert rows["query_tower"]["finetune"]["negatives_from"] == "bm25"
   assert rows["query_tower"]["finetune"]["steps"] == TRAIN // 16
+
+
+def test_a_curve_whose_rows_mine_fine_tunes_on_the_listed_negatives(planted):
+  """The same on the planted collection in InsuranceQA's layout, which lists each question's
+  negatives: the fine-tune draws its hard negatives from the listed ones ("dataset"), as the
+  curve's fine-tune rows do on InsuranceQA itself."""
+  root = planted[0]
+  iqa = write_planted_iqa(root, planted[1])
+  results = run_curve(planted, str(TRAIN), 0.5, "w-curve-mined-iqa", iqa=iqa,
+                      negatives_from="mined", refresh_every=2)
+  rows = {r["model"]: r for r in results["rows"]}
+  assert rows["wdp"]["negatives_from"] == "mined"
+  assert rows["query_tower"]["finetune"]["negatives_from"] == "dataset"
+  assert rows["query_tower"]["vs_dot"]["n"] == TEST
