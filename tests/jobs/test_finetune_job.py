@@ -7,7 +7,9 @@ one, the hybrid, both fine-tunes) and their fields (`finetune`, `cost`, `recover
 unseen-answer view), the recovered fraction by hand from the written per-query values, the saved
 encoder folders, that query_tower ranks with the frozen cache's doc embeddings bit for bit, that
 a killed fine-tune's rerun ends with the numbers of an undisturbed one, and that dev (not test)
-chose the steps and the dev-best row.
+chose the steps and the dev-best row. The learning curve's fine-tune rows: one per n on the
+seed's subset, and, where the curve's rows mine their negatives, a fixed pool (BM25's, or the
+negatives the collection lists: the planted collection in InsuranceQA's layout).
 """
 import gzip
 import json
