@@ -77,12 +77,15 @@ def subset_view(rows: list[dict[str, Any]], subsets: Sequence[Sequence[str]], fi
 
 def recovered(rows: list[dict[str, Any]], reference: str, measure: str, cell: Sequence[str],
               name: str = "model") -> None:
-  """`row["recovered"]` = {"all", "unseen"} for every row: the fraction of the `reference` row's
-  gain over dot that the row recovers, (row - dot) / (reference - dot), on the mean of `measure`
-  over all test queries (`row["metrics"]`) and over the unseen ones (`row["unseen"]["mean"]`);
-  rows compared within their cell (equal `cell` fields). None (undefined) where the reference's
-  gain is not positive, a mean is missing, or the cell has no reference row."""
-  views = {"all": lambda r: r["metrics"][measure], "unseen": lambda r: r["unseen"]["mean"]}
+  """`row["recovered"]` = {"all"[, "unseen"]} for every row: the fraction of the `reference`
+  row's gain over dot that the row recovers, (row - dot) / (reference - dot), on the mean of
+  `measure` over all test queries (`row["metrics"]`) and, where the rows carry the unseen view
+  (`compare.subset_view`), over the unseen ones (`row["unseen"]["mean"]`); rows compared within
+  their cell (equal `cell` fields). None (undefined) where the reference's gain is not positive,
+  a mean is missing, or the cell has no reference row."""
+  views = {"all": lambda r: r["metrics"][measure]}
+  if all("unseen" in r for r in rows):
+    views["unseen"] = lambda r: r["unseen"]["mean"]
   for r in rows:
     key = tuple(r[k] for k in cell)
     base = [x for x in rows if x[name] == "dot" and tuple(x[k] for k in cell) == key]

@@ -37,7 +37,9 @@ Rows (`config.rows`, each a name of `config.models` or "dot" / "table" / "hybrid
              the candidate docs encoded again with the tuned weights
              (`studies.late_interaction.finetuned`); each is also a baseline of the paired tests
              ("vs_<row>"), and carries "finetune": {mode, steps, seconds, device,
-             reindex_seconds}.
+             reindex_seconds}. With de_ft (the two-tower fine-tune), every row carries
+             "recovered": {"all": its fraction of de_ft's gain over dot}, the finetune job's
+             column on these candidates.
   hybrid     `lam * dense + (1 - lam) * BM25` (retrieval/hybrid.py) over the same candidates, for
              the dense row best on dev; lam tuned on dev.
 Trained rows use cross entropy over 1 positive + BM25 (InsuranceQA: listed) hard + random +

@@ -232,6 +232,9 @@ def test_recovered_is_undefined_without_a_two_tower_gain():
   assert rows[1]["recovered"] == {"all": None, "unseen": pytest.approx(0.5)}
   compare.recovered(rows[:2], "two_tower", "ndcg@10", ("embedding",))  # no two-tower row
   assert rows[1]["recovered"] == {"all": None, "unseen": None}
+  bare = [{"row": r["model"], "n": 1, "metrics": r["metrics"]} for r in rows]
+  compare.recovered(bare, "wdp", "ndcg@10", ("n",), name="row")  # no unseen view: "all" only
+  assert [r["recovered"] for r in bare] == [{"all": 0.0}, {"all": 1.0}, {"all": 0.0}]
 
 
 def test_the_dev_best_row_is_chosen_on_dev(done):

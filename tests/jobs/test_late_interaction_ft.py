@@ -108,6 +108,7 @@ def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir):
   by = {r["row"]: r for r in res["rows"]}
   assert set(FT_ROWS) <= set(by)
   dot = by["dot"]
+  md = (tmp_path / "w" / "results.md").read_text()
   for name in FT_ROWS:
     r = by[name]
     assert r["encoder"] == "fine-tuned" and r["trained"] and r["loss"] == "mnrl"
@@ -132,11 +133,19 @@ def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir):
             [other["per_query"][q] - r["per_query"][q] for q in r["per_query"]]))
         assert t["p_holm"] >= t["p_perm"]
     assert f"vs_{name}" not in r
+  # Each row's fraction of the fine-tuned DE's gain over dot, by hand from the written
+  # per-query values; undefined where DE did not gain (a 1-step tiny run may not).
+  mean = {name: np.mean(list(r["per_query"].values())) for name, r in by.items()}
+  gain = mean["de_ft"] - mean["dot"]
+  for name, r in by.items():
+    assert set(r["recovered"]) == {"all"}  # no unseen view in this job
+    want = (mean[name] - mean["dot"]) / gain if gain > 0 else None
+    assert r["recovered"]["all"] == pytest.approx(want), name
+  assert ("fine-tuned DE's gain" in md) and (("did not gain" in md) == (gain <= 0))
   # Step 0 of DE is the frozen dual encoder: the dot row's dev value, on the same candidates.
   assert by["de_ft"]["history"][0]["dev"] == dot["dev"]["ndcg@10"]
   assert by["de_ft"]["bytes_per_doc"] == dot["bytes_per_doc"]
   assert by["colbert_ft"]["stored"] == [16, 8] and by["mebert_ft"]["stored"] == [8, 8]
-  md = (tmp_path / "w" / "results.md").read_text()
   assert all(f"| {name} |" in md for name in FT_ROWS)
   runs = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "w" / "runs").iterdir())
   assert runs == sorted(f"{name}-n18" for name in FT_ROWS)

@@ -121,6 +121,38 @@ def test_rows_are_compared_with_colbert_and_dot_of_their_own_n_holm_per_baseline
     np.testing.assert_allclose([r[f"vs_{base}"]["p_holm"] for r in family], _holm(p))
 
 
+def test_each_row_recovers_a_fraction_of_the_finetuned_de_s_gain_at_its_own_n():
+  """(row - dot) / (de_ft - dot) on the mean test measure, per n; undefined at an n where the
+  fine-tuned DE did not gain over dot."""
+  rng = np.random.default_rng(5)
+  qids = [f"q{i}" for i in range(12)]
+  shifts = {5: (("dot", 0.0), ("colbert", 0.1), ("colbert_ft", 0.15), ("de_ft", 0.2)),
+            30: (("dot", 0.0), ("colbert", 0.1), ("colbert_ft", 0.15), ("de_ft", -0.05))}
+  rows = []
+  for n, named in shifts.items():
+    for name, shift in named:
+      pq = dict(zip(qids, rng.random(12) + shift))
+      rows.append({"row": name, "n_train": n, "per_query": pq,
+                   "metrics": {"ndcg@10": float(np.mean(list(pq.values())))}})
+  config = ml_collections.ConfigDict({
+      "seed": 0, "stats": blocks.stats_config(), "eval": {"measures": ("ndcg@10", "mrr@10")},
+      "models": {"colbert_ft": {"finetune": {}}, "de_ft": {"finetune": {}}}})
+  config.stats.resamples = 200
+  li_rows.compare_rows(rows, config)
+  at = {(r["row"], r["n_train"]): r["metrics"]["ndcg@10"] for r in rows}
+  for r in rows:
+    n = r["n_train"]
+    gain = at["de_ft", n] - at["dot", n]
+    assert (gain > 0) == (n == 5)
+    want = (at[r["row"], n] - at["dot", n]) / gain if gain > 0 else None
+    assert r["recovered"] == {"all": pytest.approx(want)}, (r["row"], n)
+  # without a de_ft row, no row carries the fraction
+  bare = [{k: v for k, v in r.items() if k.startswith(("row", "n_", "per", "met"))}
+          for r in rows if r["row"] != "de_ft"]
+  li_rows.compare_rows(bare, config)
+  assert all("recovered" not in r for r in bare)
+
+
 def test_a_row_s_line_shows_its_own_model_where_dev_kept_colbert():
   """A run stopped before its results file keeps only the printed lines: a kept row's line
   holds its own model's test and dev values, a trained row's its best step; an untrained row's

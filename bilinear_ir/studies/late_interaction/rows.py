@@ -5,7 +5,7 @@ train_token_model`) and scored by `token_row`; a trained row is then selected on
 untrained ColBERT (`select_over_colbert`); `table_row` trains the table similarities on the
 pooled embeddings and re-ranks with the one best on dev (the token rows' like-for-like rival).
 `table_rows` runs a table's rows on one training split; `compare_rows` adds the paired tests
-against ColBERT and dot.
+against ColBERT and dot, and the fraction of the fine-tuned DE's gain each row recovers.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ from bilinear_ir.studies.late_interaction.setting import Scored
 from bilinear_ir.studies.late_interaction.setting import Setting
 from bilinear_ir.studies.late_interaction.setting import per_query
 from bilinear_ir.train import teachers as teachers_lib
+
+DE_FT = "de_ft"  # the two-tower fine-tune (paper 002's DE) whose gain the rows recover
 
 
 def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple, dtype,
@@ -256,9 +258,14 @@ def compare_rows(rows: list[dict[str, Any]], config) -> None:
   one, and `row["vs_<name>"]` against each fine-tuned row (`models.is_finetuned`: so the
   fine-tuned rows are compared with each other too), paired over the test queries
   (`row["per_query"]`, `eval.stats.paired`); each baseline's comparisons, over every row and n
-  of the table, are one Holm family (`experiment.compare.against_baselines`)."""
+  of the table, are one Holm family (`experiment.compare.against_baselines`). With a "de_ft"
+  row (the two-tower fine-tune of paper 002's DE), `row["recovered"]` = {"all": the fraction of
+  its gain over dot, in the first of `eval.measures`, that the row recovers at the same n}
+  (`compare.recovered`: the finetune job's column, here on the re-ranked candidates)."""
   names = list(dict.fromkeys(r["row"] for r in rows))
   table = ("table",) if "table" in names else ()
   tuned = tuple(n for n in names if models.is_finetuned(config, n))
   compare.against_baselines(rows, [r["per_query"] for r in rows], ("n_train",), config,
                             name="row", baselines=("colbert", "dot") + table + tuned)
+  if DE_FT in names:
+    compare.recovered(rows, DE_FT, config.eval.measures[0], ("n_train",), name="row")
