@@ -152,10 +152,10 @@ def findings(results: dict[str, Any], config) -> str:
                      colbert=rows["colbert_ft"]["metrics"][measure],
                      paired=text.fmt_paired(rows["lite_ft"].get("vs_colbert_ft"),
                                             config.stats.alpha)))
-  if "de_ft" in rows:  # the finetune job's "recovered" column, on these candidates
-    gain = rows["de_ft"]["metrics"][measure] - rows["dot"]["metrics"][measure]
+  if models.DE_FT in rows:  # the finetune job's "recovered" column, on these candidates
+    gain = rows[models.DE_FT]["metrics"][measure] - rows["dot"]["metrics"][measure]
     shares = ", ".join(f"{r['row']} {text.fmt(r['recovered']['all'], 2)}" for r in top
-                       if r["row"] not in ("dot", "de_ft"))
+                       if r["row"] not in ("dot", models.DE_FT))
     lines.append(say("recovered", measure=measure, gain=gain, shares=shares if gain > 0 else
                      "undefined (the fine-tuned DE did not gain over dot)"))
   trained = [r for r in top if r.get("best_step") is not None and r["row"] != "table"

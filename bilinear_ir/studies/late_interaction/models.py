@@ -14,6 +14,7 @@ from bilinear_ir.errors import require
 
 TOKEN_SCORERS = ("colbert", "mebert", "lite", "lite_flat", "knrm")
 FINETUNE_KEY = "finetune"  # a model's changes to `config.finetune`: a fine-tuned row
+DE_FT = "de_ft"  # the two-tower fine-tune (paper 002's DE), whose gain the rows recover
 
 
 def _model_kwargs(config, name: str) -> dict[str, Any]:

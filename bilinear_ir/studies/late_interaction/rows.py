@@ -35,8 +35,6 @@ from bilinear_ir.studies.late_interaction.setting import Setting
 from bilinear_ir.studies.late_interaction.setting import per_query
 from bilinear_ir.train import teachers as teachers_lib
 
-DE_FT = "de_ft"  # the two-tower fine-tune (paper 002's DE) whose gain the rows recover
-
 
 def token_row(setting: Setting, module, scorer: str, tcfg, seed: int, lat: tuple, dtype,
               teacher: teachers_lib.Teacher | None = None,
@@ -267,5 +265,5 @@ def compare_rows(rows: list[dict[str, Any]], config) -> None:
   tuned = tuple(n for n in names if models.is_finetuned(config, n))
   compare.against_baselines(rows, [r["per_query"] for r in rows], ("n_train",), config,
                             name="row", baselines=("colbert", "dot") + table + tuned)
-  if DE_FT in names:
-    compare.recovered(rows, DE_FT, config.eval.measures[0], ("n_train",), name="row")
+  if models.DE_FT in names:
+    compare.recovered(rows, models.DE_FT, config.eval.measures[0], ("n_train",), name="row")
