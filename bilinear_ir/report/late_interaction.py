@@ -153,10 +153,12 @@ def findings(results: dict[str, Any], config) -> str:
                      paired=text.fmt_paired(rows["lite_ft"].get("vs_colbert_ft"),
                                             config.stats.alpha)))
   if models.DE_FT in rows:  # the finetune job's "recovered" column, on these candidates
-    gain = rows[models.DE_FT]["metrics"][measure] - rows["dot"]["metrics"][measure]
+    de = rows[models.DE_FT]  # its own fraction is None where it did not gain (compare.recovered)
     shares = ", ".join(f"{r['row']} {text.fmt(r['recovered']['all'], 2)}" for r in top
                        if r["row"] not in ("dot", models.DE_FT))
-    lines.append(say("recovered", measure=measure, gain=gain, shares=shares if gain > 0 else
+    lines.append(say("recovered", measure=measure,
+                     gain=de["metrics"][measure] - rows["dot"]["metrics"][measure],
+                     shares=shares if de["recovered"]["all"] is not None else
                      "undefined (the fine-tuned DE did not gain over dot)"))
   trained = [r for r in top if r.get("best_step") is not None and r["row"] != "table"
              and r.get("encoder") != "fine-tuned"]
