@@ -34,7 +34,8 @@ def get_config(arg=None):
                                 "sizes": (100, 300, 1000, 3000, 12889),
                                 "models": ("wdp", "lowrank", "bilinear", "adapter"),
                                 "ranks": (32,), "max_steps": 2000, "grid": False,
-                                "finetunes": (), "finetune_epochs": 1.0, "quick": False})
+                                "finetunes": (), "finetune_epochs": 1.0, "finetune_evals": 10,
+                                "quick": False})
   quick = a["quick"]
   c = ConfigDict()
   c.job = "learning_curve"
@@ -88,11 +89,13 @@ def get_config(arg=None):
   # finetunes=query_tower+two_tower: per n, the encoder fine-tuned on the same subset of each
   # seed (`experiment.finetuning.curve_rows`), one row per mode, beside the learned
   # similarities: configs/finetune.py's recipe (MNRL, batches of 64 queries, AdamW with warm-up),
-  # `finetune_epochs` epochs of the n queries, `evals` dev evaluations, step 0 a candidate;
+  # `finetune_epochs` epochs of the n queries, `finetune_evals` dev evaluations (a two-tower
+  # one re-encodes the corpus: 12 min for InsuranceQA's on a 2-core CPU), step 0 a candidate;
   # each query's hard negative from the collection's listed ones (else BM25's) where the rows mine
   # theirs (a fine-tune does not re-encode the corpus to mine; `experiment.finetuning.Setting`).
   c.modes = a["finetunes"] if not quick else ()
   c.finetune_epochs = a["finetune_epochs"]
+  c.finetune_evals = a["finetune_evals"]
   c.finetune = blocks.finetune_config()
   del c.finetune.mode
   c.finetune.loss = "mnrl"

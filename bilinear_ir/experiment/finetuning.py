@@ -235,13 +235,14 @@ def check_modes(config, required: bool) -> None:
 def curve_config(config, mode: str, n: int) -> ml_collections.ConfigDict:
   """The `finetune` block of a learning curve's fine-tune at n training queries: `mode`,
   `config.finetune_epochs` epochs of the n queries (steps = ceil(epochs n / batch_size), at
-  least 1), `config.evals` dev evaluations besides step 0 (every steps // evals steps, at
-  least 1), warm-up over 10% of the steps (at most 100), as the finetune job's."""
+  least 1), `config.finetune_evals` dev evaluations besides step 0 (every
+  steps // finetune_evals steps, at least 1, and at the last), warm-up over 10% of the steps
+  (at most 100), as the finetune job's."""
   cfg = mode_config(config.finetune, mode)
   steps = max(1, math.ceil(float(config.finetune_epochs) * n / int(cfg.batch_size)))
   with cfg.unlocked():
     cfg.steps = steps
-    cfg.eval_every = max(1, steps // int(config.evals))
+    cfg.eval_every = max(1, steps // int(config.finetune_evals))
     cfg.warmup_steps = min(100, steps // 10)
   return cfg
 

@@ -37,6 +37,7 @@ def validate(config) -> None:
   validation.integer(config.evals, "evals", 1)
   validation.check_rows(config, MODELS)
   validation.real(config.finetune_epochs, "finetune_epochs", low=0.0, low_open=True)
+  validation.integer(config.finetune_evals, "finetune_evals", 1)
   finetuning.check_modes(config, required=False)
 
 
@@ -100,6 +101,6 @@ def run(config, workdir: str) -> outputs.Report:
                      "test queries; unseen-answer queries)",
              "learned": "per seed, the candidate best on dev among dot and the trained models",
              "finetunes": {"modes": list(config.modes), "epochs": float(config.finetune_epochs),
-                           "loss": config.finetune.loss}}
+                           "evals": int(config.finetune_evals), "loss": config.finetune.loss}}
   return outputs.Report(results=results, markdown=report.markdown(results, config),
                         figures={"learning_curve": report.plot(results, config)})

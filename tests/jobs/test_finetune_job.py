@@ -350,6 +350,7 @@ def run_curve(planted, sizes: str, epochs: float, workdir: str, iqa: str = "", *
   c.encoder.model, c.encoder.cache_dir, c.encoder.max_length = model, os.path.join(root, "cache"), 16
   c.train.update(dict(hard_depth=5, **train))
   c.evals = 2
+  c.finetune_evals = 1
   c.finetune.update(dict(batch_size=8, lr=2e-3, checkpoint_every=2))
   c.eval.depth = 20
   c.stats.resamples = 200
@@ -370,9 +371,10 @@ def test_the_learning_curve_fine_tunes_each_seeds_subset_at_every_n(planted):
     f = r["finetune"]
     assert f["train_queries"] == [n] and f["steps"] == int(np.ceil(1.5 * n / 8)), f
     assert f["negatives_from"] == "bm25"
-    assert [h["step"] for h in r["history"][0]][-1] == f["steps"]
+    assert [h["step"] for h in r["history"][0]] == [0, f["steps"]]
     assert r["vs_dot"]["n"] == TEST and r["vs_dot"]["p_holm"] >= r["vs_dot"]["p_perm"]
-  assert results["finetunes"] == {"modes": ["query_tower"], "epochs": 1.5, "loss": "mnrl"}
+  assert results["finetunes"] == {"modes": ["query_tower"], "epochs": 1.5, "evals": 1,
+                                  "loss": "mnrl"}
 
 
 def test_a_curve_whose_rows_mine_their_negatives_fine_tunes_on_a_fixed_pool(planted):
