@@ -45,6 +45,7 @@ def markdown(results: dict[str, Any], config) -> str:
     out.append("Chosen on dev (`learned`, per seed): " + "; ".join(
         f"n={r['n_train']}: {'+'.join(r['chosen'])}" for r in learned) + ".\n")
     out.append(_fit_table(mine, results["sizes"], config))
+    out.append(_recovered_table(mine, results["sizes"], m0))
   for emb, h in results["hybrid_dot_bm25"].items():
     out.append(text.prose(JOB, "hybrid", emb=emb, m0=m0, value=h["metrics"][m0],
                             lam=h["lambda"], n=h["learned_vs_hybrid"]["n_train"],
@@ -72,6 +73,22 @@ def _fit_table(rows: list[dict[str, Any]], sizes: list[int], config) -> str:
         for m in fitted])
   return (text.prose(JOB, "fit", sel=sel, k=config.runner.fit_queries) + "\n"
           + text.markdown_table(table, ["n"] + fitted) + "\n")
+
+
+def _recovered_table(rows: list[dict[str, Any]], sizes: list[int], m0: str) -> str:
+  """Per n, the fraction of the two-tower fine-tune's gain over dot that each row recovers,
+  all test queries / unseen-answer ones (rows with "recovered", `compare.recovered`: a curve
+  with finetunes=...+two_tower); "" when the rows have none."""
+  if not any("recovered" in r for r in rows):
+    return ""
+  models = [m for m in dict.fromkeys(r["model"] for r in rows) if m not in ("dot", "two_tower")]
+  table = []
+  for n in sizes:
+    at = {r["model"]: r["recovered"] for r in rows if r["n_train"] == n}
+    table.append([n] + [f"{text.fmt(at[m]['all'], 2)} / {text.fmt(at[m].get('unseen'), 2)}"
+                        for m in models])
+  return (text.prose(JOB, "recovered", m0=m0) + "\n"
+          + text.markdown_table(table, ["n"] + models) + "\n")
 
 
 def plot(results: dict[str, Any], config):

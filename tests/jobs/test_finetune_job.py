@@ -337,15 +337,16 @@ def test_two_tower_refuses_the_corpus_loss():
     job.validate(config)
 
 
-def run_curve(planted, sizes: str, epochs: float, workdir: str, iqa: str = "", **train):
-  """The learning curve's results on the planted collection with finetunes=query_tower: the wdp
-  row (4 steps) and the fine-tune at each of `sizes` (`epochs` epochs of batches of 8); `iqa`:
-  the collection's InsuranceQA-layout copy (`write_planted_iqa`), read as collection=insuranceqa
+def run_curve(planted, sizes: str, epochs: float, workdir: str, iqa: str = "",
+              finetunes: str = "query_tower", **train) -> outputs.Report:
+  """The learning curve's report on the planted collection: the wdp row (4 steps) and each
+  fine-tune of `finetunes` at each of `sizes` (`epochs` epochs of batches of 8); `iqa`: the
+  collection's InsuranceQA-layout copy (`write_planted_iqa`), read as collection=insuranceqa
   reads the package's files; `train`: changes to the train block."""
   root, folder, model = planted
   c = get_config("learning_curve", f"collection={'insuranceqa' if iqa else folder},"
                                    f"embeddings=mean,seeds=0,sizes={sizes},models=wdp,"
-                                   f"max_steps=4,finetunes=query_tower,finetune_epochs={epochs}")
+                                   f"max_steps=4,finetunes={finetunes},finetune_epochs={epochs}")
   c.data.path = iqa  # collection=insuranceqa reads the package's files from this folder
   c.encoder.model, c.encoder.cache_dir, c.encoder.max_length = model, os.path.join(root, "cache"), 16
   c.train.update(dict(hard_depth=5, **train))
@@ -356,14 +357,14 @@ def run_curve(planted, sizes: str, epochs: float, workdir: str, iqa: str = "", *
   c.stats.resamples = 200
   c.lock()
   curve_job.validate(c)
-  return curve_job.run(c, os.path.join(root, workdir)).results
+  return curve_job.run(c, os.path.join(root, workdir))
 
 
 def test_the_learning_curve_fine_tunes_each_seeds_subset_at_every_n(planted):
   """learning_curve with finetunes=query_tower: at every n one fine-tune row, trained on the n
   queries of the seed's subset (not the whole training split) for ceil(epochs n / batch)
   steps, compared with dot like the curve's other rows (Holm over the n of the curve)."""
-  results = run_curve(planted, f"8+{TRAIN}", 1.5, "w-curve")
+  results = run_curve(planted, f"8+{TRAIN}", 1.5, "w-curve").results
   tuned = [r for r in results["rows"] if r["model"] == "query_tower"]
   assert [r["n_train"] for r in tuned] == [8, TRAIN]
   for r in tuned:
@@ -377,6 +378,35 @@ def test_the_learning_curve_fine_tunes_each_seeds_subset_at_every_n(planted):
                                   "loss": "mnrl"}
 
 
+def test_a_curve_with_two_towers_gives_each_row_the_fraction_of_their_gain_it_recovers(planted):
+  """learning_curve with finetunes=query_tower+two_tower: at each n every row carries the
+  finetune job's "recovered", (row - dot) / (two towers - dot) at that n, on all test queries
+  and on the unseen-answer ones (None where the two towers did not gain or the view is empty),
+  and the report prints it per n, all / unseen."""
+  report = run_curve(planted, f"8+{TRAIN}", 1.5, "w-curve-tt", finetunes="query_tower+two_tower")
+  rows, m0 = report.results["rows"], report.results["measure"]
+  views = {"all": lambda r: r["metrics"][m0], "unseen": lambda r: r["unseen"]["mean"]}
+  after = report.markdown.split("recovers at its own n")[1].splitlines()  # the table follows
+  defined = 0
+  for n in (8, TRAIN):
+    at = {r["model"]: r for r in rows if r["n_train"] == n}
+    assert {"dot", "query_tower", "two_tower"} <= set(at)
+    for view, of in views.items():
+      dot, top = of(at["dot"]), of(at["two_tower"])
+      gain = top - dot if None not in (dot, top) else None
+      for r in at.values():
+        got = r["recovered"][view]
+        if gain is None or gain <= 0:
+          assert got is None, (n, view, r["model"])
+        else:
+          defined += 1
+          assert got == pytest.approx((of(r) - dot) / gain), (n, view, r["model"])
+    q = at["query_tower"]["recovered"]
+    shown = [f"{x:.2f}" if x is not None else "-" for x in (q["all"], q["unseen"])]
+    assert " / ".join(shown) in next(line for line in after if line.startswith(f"| {n} |"))
+  assert defined  # else every fraction is None and the formula above checks nothing
+
+
 def test_a_curve_whose_rows_mine_their_negatives_fine_tunes_on_a_fixed_pool(planted):
   """learning_curve with negatives mined by the model (its default on InsuranceQA) and
   finetunes=query_tower: the trained rows mine, the fine-tune draws its hard negatives from the
@@ -384,7 +414,7 @@ def test_a_curve_whose_rows_mine_their_negatives_fine_tunes_on_a_fixed_pool(plan
   Before, the fine-tune asked `pipeline.trainset` for a "mined" pool and the job stopped with
   exit code 2 after training every other row."""
   results = run_curve(planted, str(TRAIN), 0.5, "w-curve-mined", negatives_from="mined",
-                      refresh_every=2)
+                      refresh_every=2).results
   rows = {r["model"]: r for r in results["rows"]}
   assert rows["wdp"]["negatives_from"] == "mined"
   assert rows["query_tower"]["finetune"]["negatives_from"] == "bm25"
@@ -398,7 +428,7 @@ def test_a_curve_whose_rows_mine_fine_tunes_on_the_listed_negatives(planted):
   root = planted[0]
   iqa = write_planted_iqa(root, planted[1])
   results = run_curve(planted, str(TRAIN), 0.5, "w-curve-mined-iqa", iqa=iqa,
-                      negatives_from="mined", refresh_every=2)
+                      negatives_from="mined", refresh_every=2).results
   rows = {r["model"]: r for r in results["rows"]}
   assert rows["wdp"]["negatives_from"] == "mined"
   assert rows["query_tower"]["finetune"]["negatives_from"] == "dataset"
