@@ -90,7 +90,7 @@ def get_config(arg=None):
   # seed (`experiment.finetuning.curve_rows`), one row per mode, beside the learned
   # similarities: configs/finetune.py's recipe (MNRL, batches of 64 queries, AdamW with warm-up),
   # `finetune_epochs` epochs of the n queries, `finetune_evals` dev evaluations (a two-tower
-  # one re-encodes the corpus: 12 min for InsuranceQA's on a 2-core CPU), step 0 a candidate;
+  # one re-encodes the corpus: 7-12 min for InsuranceQA's on 2 CPU cores), step 0 a candidate;
   # each query's hard negative from the collection's listed ones (else BM25's) where the rows mine
   # theirs (a fine-tune does not re-encode the corpus to mine; `experiment.finetuning.Setting`).
   c.modes = a["finetunes"] if not quick else ()
