@@ -280,7 +280,10 @@ def test_bfloat16_compute_keeps_float32_master_params(setup):
 
 
 def test_remat_gives_the_same_gradients(setup):
-  """On the query tower (one encoder's backward pass: half the graph of two towers')."""
+  """On the query tower (one encoder's backward pass: half the graph of two towers'). Equal up
+  to float32 reassociation (recomputing changes XLA's fusions): rtol 1e-4, and an absolute
+  floor of 1e-5 of each leaf's largest magnitude for its near-zero entries (a fixed 1e-7 failed
+  on one Xeon for one entry of 1,024: 1.8e-7 off at 5.5e-4)."""
   encoder, _, _, _, data = setup
   qt = data["query_tower"]
   grads = {}
@@ -292,8 +295,8 @@ def test_remat_gives_the_same_gradients(setup):
     fn = jax.jit(jax.grad(lambda p, b: finetune.loss(spec, p, b)))
     assert ("remat" in str(jax.make_jaxpr(fn)(params, batch))) == remat  # remat2: jax.checkpoint
     grads[remat] = fn(params, batch)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
-               grads[True], grads[False])
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      a, b, rtol=1e-4, atol=1e-5 * float(np.abs(b).max())), grads[True], grads[False])
 
 
 def test_bad_config_names_the_field(setup):
