@@ -30,7 +30,6 @@ from bilinear_ir.report import outputs
 from bilinear_ir.train import finetune
 
 MODELS = ("wdp", "lowrank", "bilinear", "adapter")  # the trained rows' scorers
-REFERENCE = "two_tower"  # the row whose gain over dot the others recover a fraction of
 
 
 def validate(config) -> None:
@@ -75,10 +74,10 @@ def run(config, workdir: str) -> outputs.Report:
                             name="model", baselines=("dot",))
   compare.subset_view(rows, [unseen[r["embedding"]] for r in rows], "unseen", ("embedding",),
                       config)
-  compare.recovered(rows, REFERENCE, m0, ("embedding",))
+  compare.recovered(rows, finetuning.REFERENCE, m0, ("embedding",))
   results = {"rows": rows, "collection": rows[0]["collection"], "measure": m0,
              "seeds": list(config.seeds), "modes": list(config.modes), "loss": cfg.loss,
-             "reference": REFERENCE if REFERENCE in config.modes else None,
+             "reference": finetuning.REFERENCE if finetuning.REFERENCE in config.modes else None,
              "negatives": {"from": config.train.negatives_from,
                            "hard_depth": int(config.train.hard_depth)},
              "unseen_queries": unseen,

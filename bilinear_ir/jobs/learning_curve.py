@@ -78,8 +78,8 @@ def run(config, workdir: str) -> outputs.Report:
       hybrids[cell.recipe.name] = {"metrics": h["metrics"], "lambda": h["lam"],
                                    "per_query": {q: v[m0] for q, v in h["per_query"].items()}}
   compare.curve(rows, unseen_queries, config)
-  if "two_tower" in config.modes:  # the finetune job's "recovered" column, at each n
-    compare.recovered(rows, "two_tower", m0, ("embedding", "n_train"))
+  if finetuning.REFERENCE in config.modes:  # the finetune job's "recovered" column, at each n
+    compare.recovered(rows, finetuning.REFERENCE, m0, ("embedding", "n_train"))
   for emb, h in hybrids.items():  # the learned similarity at the largest n against the hybrid
     top = [r for r in rows if r["embedding"] == emb and r["model"] == "learned"][-1]
     h["learned_vs_hybrid"] = {"n_train": top["n_train"], **stats.paired(

@@ -5,6 +5,8 @@ The job (`bilinear_ir/jobs/learning_curve.py`) runs and hands its results here.
 from __future__ import annotations
 
 from typing import Any
+
+from bilinear_ir.experiment import finetuning
 from bilinear_ir.report import text
 
 
@@ -81,7 +83,7 @@ def _recovered_table(rows: list[dict[str, Any]], sizes: list[int], m0: str) -> s
   with finetunes=...+two_tower); "" when the rows have none."""
   if not any("recovered" in r for r in rows):
     return ""
-  models = [m for m in dict.fromkeys(r["model"] for r in rows) if m not in ("dot", "two_tower")]
+  models = [m for m in dict.fromkeys(r["model"] for r in rows) if m not in ("dot", finetuning.REFERENCE)]
   table = []
   for n in sizes:
     at = {r["model"]: r["recovered"] for r in rows if r["n_train"] == n}
