@@ -14,8 +14,9 @@ on the pooled embeddings (bilinear_ir/jobs/late_interaction.py).
 Models defined besides the default rows (name them in `--config.rows`): colbert_proj (ColBERT's
 P' = 128 projection, trained), lite_paper (separable LITE at the paper's widths m1 = 360, m2 =
 2400), lite_small (the paper's small LITE: L2' = 50 doc tokens by a learned linear map,
-m2 = 768) and table (the table similarity of `c.table` best on dev, full W or I + P Q^T r = 32,
-on the pooled embeddings, re-ranking the same candidates).
+m2 = 768), table (the table similarity of `c.table` best on dev, full W or I + P Q^T r = 32,
+on the pooled embeddings, re-ranking the same candidates) and bm25 (BM25's own order of the
+candidates, the first stage itself).
 
 Fine-tuned rows (expensive: the encoder trains; name them in `--config.rows`), each trained
 jointly with the encoder (two_tower, `c.finetune` with the model's "finetune" changes), selected on
@@ -23,10 +24,14 @@ dev every `finetune.eval_every` steps (step 0, the frozen encoder, a candidate),
 docs encoded again with the tuned weights, and compared per query with every row (each is a
 baseline of the paired tests too): de_ft (paper 002's fine-tuned dual encoder, pooled mean, dot),
 mebert_ft (ME-BERT m = 8, paper 002), colbert_ft (ColBERT sum-max with a trained P' = 128
-projection, paper 004) and lite_ft (separable LITE, paper 004's main setting), e.g.
+projection, paper 004) and lite_ft (separable LITE, paper 004's main setting); and qt_ft, DE
+with only its query tower trained (query_tower: the doc index never changes). With de_ft, the
+report adds "what judged queries buy" in this one protocol: every row against dot on all test
+queries and on the unseen-answer ones, the fraction of de_ft's gain it recovers, its training
+and what it does to the index, e.g.
 
   python -m bilinear_ir.main --config=configs/late_interaction.py:quick=true \
---config.rows="('dot','colbert','de_ft','colbert_ft','lite_ft','mebert_ft')" \
+--config.rows="('dot','bm25','table','colbert','qt_ft','de_ft','colbert_ft','lite_ft','hybrid')" \
 --config.finetune.steps=20 --workdir=runs/late_interaction_ft
 
 Every trained token row is selected on dev with the untrained ColBERT as a candidate (the row
@@ -93,6 +98,8 @@ def get_config(arg=None):
       # cosines; the token heads on their raw scores (temperature 1, as papers 002 and 004 train
       # them with cross entropy), their own params (from random) at `head_lr`.
       "de_ft": {"scorer": "dot", "finetune": {"temperature": 0.05}},
+      # DE with only its query tower trained (the doc index stays the frozen one).
+      "qt_ft": {"scorer": "dot", "finetune": {"temperature": 0.05, "mode": "query_tower"}},
       "mebert_ft": {"scorer": "mebert", "num_vectors": 8, "proj_dim": 128, "query_pool": "mean",
                     "finetune": {}},
       "colbert_ft": {"scorer": "colbert", "token_dim": 128, "normalize": True, "finetune": {}},

@@ -20,8 +20,9 @@ metrics are those of a real two-stage system. Where the collection lists negativ
 (InsuranceQA), each test question is also re-ranked over its own pool (gold + listed negatives):
 P@1 as `p_at_1_pool`.
 
-Rows (`config.rows`, each a name of `config.models` or "dot" / "table" / "hybrid"):
+Rows (`config.rows`, each a name of `config.models` or one of `ROWS`):
   dot        DE: dot product of the pooled mean embeddings (untrained).
+  bm25       BM25's own order of the candidates (their exact scores; the first stage itself).
   table      the table similarity best on dev among `config.table.models` (full W, I + P Q^T),
              trained on the pooled embeddings by the learning curve's recipe: the token rows'
              like-for-like rival (`studies.late_interaction.rows.table_row`); every row is also
@@ -32,14 +33,15 @@ Rows (`config.rows`, each a name of `config.models` or "dot" / "table" / "hybrid
   lite, lite_flat, knrm   trained on the frozen token similarities.
   de_ft, mebert_ft, colbert_ft, lite_ft   (not default rows: the encoder trains) DE, ME-BERT,
              ColBERT with a trained projection and separable LITE, each trained jointly with the
-             encoder (`config.finetune` + the model's "finetune" changes; two_tower), selected on
+             encoder (`config.finetune` + the model's "finetune" changes; two_tower); qt_ft: DE
+             with the query tower only trained (query_tower: the index never changes); selected on
              dev every `finetune.eval_every` steps (step 0 a candidate; not against ColBERT),
              the candidate docs encoded again with the tuned weights
              (`studies.late_interaction.finetuned`); each is also a baseline of the paired tests
              ("vs_<row>"), and carries "finetune": {mode, steps, seconds, device,
              reindex_seconds}. With de_ft (the two-tower fine-tune), every row carries
-             "recovered": {"all": its fraction of de_ft's gain over dot}, the finetune job's
-             column on these candidates.
+             "recovered": {"all", "unseen": its fraction of de_ft's gain over dot}, the
+             finetune job's column on these candidates.
   hybrid     `lam * dense + (1 - lam) * BM25` (retrieval/hybrid.py) over the same candidates, for
              the dense row best on dev; lam tuned on dev.
 Trained rows use cross entropy over 1 positive + BM25 (InsuranceQA: listed) hard + random +
@@ -53,7 +55,9 @@ test query with colbert and dot ("vs_colbert", "vs_dot"; Holm per baseline over 
 
 Per row: metrics, per-query nDCG@10, bytes per stored document (in `config.storage.dtype`) and
 the latency of scoring 1 query x `config.latency.docs` stored docs (`timing`, as benchmarks/
-late_interaction_latency.py), measured in the same run.
+late_interaction_latency.py), measured in the same run; "unseen": its mean over the test queries
+whose gold docs no training query of its n has (`studies.curve_subsets.unseen_answer_queries`,
+the finetune job's view), against dot per query (one Holm family).
 """
 from __future__ import annotations
 
@@ -73,12 +77,16 @@ from bilinear_ir.experiment import validation
 from bilinear_ir.report import late_interaction as report
 from bilinear_ir.report import outputs
 from bilinear_ir.scorers import multivector
+from bilinear_ir.studies import curve_subsets as curve
 from bilinear_ir.studies.late_interaction import checks
 from bilinear_ir.studies.late_interaction import latency
 from bilinear_ir.studies.late_interaction import models
 from bilinear_ir.studies.late_interaction import rows as li_rows
 from bilinear_ir.studies.late_interaction import setting as setting_lib
 from bilinear_ir.train import finetune
+
+
+ROWS = ("dot", "bm25", "table", "hybrid")  # the rows that are not models of config.models
 
 
 def validate(config) -> None:
@@ -103,15 +111,13 @@ def validate(config) -> None:
   validation.check_stats(config.stats)
   validation.one_of(config.storage.dtype, ("float32", "float16", "bfloat16"), "storage.dtype")
   for name in config.rows:
-    require(name in ("dot", "table", "hybrid") or name in config.models,
-            f"unknown row {name!r}: not 'dot', 'table', 'hybrid' or a name of config.models",
-            field="rows")
+    require(name in ROWS or name in config.models,
+            f"unknown row {name!r}: not one of {ROWS} or a name of config.models", field="rows")
   require("dot" in config.rows and "colbert" in config.rows, "must hold 'dot' and 'colbert': "
           "the baselines of the paired tests", field="rows")
   for name in (n for n in config.rows if models.is_finetuned(config, n)):
     cfg = models.row_finetune(config, name)
-    finetune.check_config(cfg)
-    validation.one_of(cfg.mode, ("two_tower",), "finetune.mode")
+    finetune.check_config(cfg)  # query_tower only with the "dot" scorer (DE)
     require(name not in config.distill.scorers, "must not name a fine-tuned row",
             field="distill.scorers")
   used = {n for n in (*config.rows, *config.distill.scorers) if n in config.models}
@@ -137,8 +143,10 @@ def run(config, workdir: str) -> outputs.Report:
   per_n = len([r for r in config.rows if r != "hybrid"]) + len(config.distill.scorers) * len(
       config.distill.losses)
   bar = progress.bar(per_n * len(settings), "rows", unit="row")
-  rows, by_n = [], {}
+  rows, by_n, unseen = [], {}, {}
   for n, cut in settings.items():
+    train = cut.splitset.train
+    unseen[n] = curve.unseen_answer_queries(train, [train.query_ids], cut.splitset.test)
     started = time.perf_counter()
     mine, calls, by_n[str(n)] = li_rows.table_rows(cut, config, lat, dtype, n, bar, workdir)
     by_n[str(n)]["seconds"] = round(time.perf_counter() - started, 1)
@@ -147,7 +155,7 @@ def run(config, workdir: str) -> outputs.Report:
       row["ms_1q_100d"] = ms[row["row"]]
     rows += mine
   bar.close()
-  li_rows.compare_rows(rows, config)
+  li_rows.compare_rows(rows, config, unseen)
   dim, doc_len = int(setting.tokens.docs.shape[-1]), models.doc_len(config)
   storage = multivector.storage_table(
       dim, doc_len, [t for t in config.storage.doc_tokens if t <= doc_len],
@@ -157,6 +165,7 @@ def run(config, workdir: str) -> outputs.Report:
       "rows": rows, "teachers": top["teachers"], "teacher": top["teacher"], "by_n": by_n,
       "collection": collection, "sizes": sorted(settings),
       "test_queries": len(setting.splitset.test.query_ids), "measure": setting.measures[0],
+      "unseen_queries": {str(n): q for n, q in unseen.items()},
       "holm": "one family per baseline (vs_colbert, vs_dot): every other row at every n",
       "selection": "every trained token row on dev, with the untrained ColBERT as a candidate "
                    "(kept_colbert: ColBERT's numbers reported; model_metrics: the model's own)",

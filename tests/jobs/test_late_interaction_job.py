@@ -296,11 +296,9 @@ def test_job_end_to_end_writes_the_documented_rows(tmp_path, tiny_bert_dir):
   assert (w / "results.md").read_text().count("| ") > 10
 
 
-def test_table_row_at_w_equal_identity_is_the_dot_row_and_a_baseline(tmp_path, tiny_bert_dir):
-  """The "table" row: full W trained at lr 1e-30 stays W = I (its init) to float32 precision,
-  so it re-ranks the same candidates as dot; every other row gets its paired test against it (`vs_table`) and
-  the findings compare the token row best on dev with it."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
+def _tiny_config(tmp_path, tiny_bert_dir):
+  """The job on a 60-doc BEIR folder (48 queries, a quarter of train carved out for dev) and a
+  tiny BERT, its trained rows at 2 steps, 10 BM25 + 10 random candidates."""
   c = _config()
   c.collection = write_beir(str(tmp_path / "beir"), num_docs=60, num_queries=48)
   c.data.dev_fraction = 0.25
@@ -311,6 +309,55 @@ def test_table_row_at_w_equal_identity_is_the_dot_row_and_a_baseline(tmp_path, t
   c.train.steps = c.train.eval_every = 2
   c.train.batch_size = 8
   c.latency.docs, c.latency.repeats, c.latency.rounds = 5, 1, 1
+  return c
+
+
+def test_the_bm25_row_ranks_the_candidates_by_their_exact_bm25_scores(tmp_path, tiny_bert_dir):
+  """The "bm25" row, the first stage itself as a row of the table: each query's candidates in
+  the order of their exact BM25 scores, so its top scores are the full-corpus BM25 top list's
+  (the candidates hold it); its timed call scores the first test query's latency docs; it
+  stores BM25's sparse vectors, which the hybrid adds to its dense row's."""
+  from bilinear_ir.experiment import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.studies.late_interaction import latency  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.studies.late_interaction import setting as setting_lib  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.studies.late_interaction import teachers  # pylint: disable=g-import-not-at-top
+  c = _tiny_config(tmp_path, tiny_bert_dir)
+  c.rows, c.distill.scorers = ("dot", "colbert", "bm25", "hybrid"), ()
+  setting = setting_lib.build_setting(c, spec_lib.collection_block(c.data, c.collection))
+  prepared, depth = setting.prepared, c.rerank.bm25_depth
+  docs = latency.latency_inputs(setting, c.latency.docs)[4]
+  scored = teachers.bm25_scored(setting, docs)
+  for split in ("dev", "test"):
+    idx, scores = scored.run[split]
+    rows = setting.rows[split]
+    assert np.all(np.diff(scores, axis=1) <= 0)
+    exact = prepared.bm25_pair_scores(np.repeat(rows, idx.shape[1]), np.maximum(idx, 0).ravel())
+    np.testing.assert_allclose(scores, exact.reshape(idx.shape), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(scores[:, :depth], prepared.bm25_scores[rows][:, :depth],
+                               rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(scored.latency_fn(), prepared.bm25_pair_scores(
+      np.repeat(setting.rows["test"][:1], len(docs)), docs))
+  job.validate(c)
+  res = job.run(c, str(tmp_path / "w")).results
+  by = {r["row"]: r for r in res["rows"]}
+  bm25 = by["bm25"]
+  assert bm25["metrics"] == scored.test["mean"] == res["teachers"]["bm25"]["metrics"]
+  assert bm25["scorer"] == "bm25" and not bm25["trained"] and bm25["stored"] is None
+  assert bm25["bytes_per_doc"] == round(prepared.bm25.doc_vectors.nnz / 60 * 8) > 0
+  assert bm25["vs_dot"]["diff"] == pytest.approx(np.mean(
+      [bm25["per_query"][q] - by["dot"]["per_query"][q] for q in bm25["per_query"]]))
+  hybrid = next(r for r in res["rows"] if r["scorer"] == "hybrid")
+  assert hybrid["dense"] in ("dot", "colbert")
+  assert hybrid["bytes_per_doc"] == by[hybrid["dense"]]["bytes_per_doc"] + bm25["bytes_per_doc"]
+  assert bm25["ms_1q_100d"] > 0
+
+
+def test_table_row_at_w_equal_identity_is_the_dot_row_and_a_baseline(tmp_path, tiny_bert_dir):
+  """The "table" row: full W trained at lr 1e-30 stays W = I (its init) to float32 precision,
+  so it re-ranks the same candidates as dot; every other row gets its paired test against it (`vs_table`) and
+  the findings compare the token row best on dev with it."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  c = _tiny_config(tmp_path, tiny_bert_dir)
   c.rows, c.distill.scorers = ("dot", "colbert", "lite", "table", "hybrid"), ()
   c.table.models = ml_collections.ConfigDict({"bilinear": blocks.model_config()})
   c.table.train.lr, c.table.train.epochs, c.table.train.eval_every = 1e-30, 2, 1

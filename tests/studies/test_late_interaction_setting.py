@@ -100,6 +100,8 @@ def _holm(p):
 
 
 def test_rows_are_compared_with_colbert_and_dot_of_their_own_n_holm_per_baseline():
+  """Also over each n's own unseen-answer test queries: the row's mean there and its paired
+  difference with the dot row of the same n over those queries only."""
   rng = np.random.default_rng(4)
   qids = [f"q{i}" for i in range(12)]
   rows = [{"row": name, "n_train": n, "per_query": dict(zip(qids, rng.random(12) + shift))}
@@ -108,8 +110,18 @@ def test_rows_are_compared_with_colbert_and_dot_of_their_own_n_holm_per_baseline
   # the job's config: `models` names no fine-tuned row here (those are baselines too)
   config = ml_collections.ConfigDict({"seed": 0, "stats": blocks.stats_config(), "models": {}})
   config.stats.resamples = 500
-  li_rows.compare_rows(rows, config)
+  unseen = {5: qids[:9], 30: qids[4:7]}
+  li_rows.compare_rows(rows, config, unseen)
   at = {(r["row"], r["n_train"]): r for r in rows}
+  for r in rows:
+    sub, dot = unseen[r["n_train"]], at["dot", r["n_train"]]["per_query"]
+    assert r["unseen"]["n_queries"] == len(sub)
+    assert r["unseen"]["mean"] == pytest.approx(np.mean([r["per_query"][q] for q in sub]))
+    if r["row"] == "dot":
+      assert "vs_dot" not in r["unseen"]
+    else:
+      assert r["unseen"]["vs_dot"]["diff"] == pytest.approx(
+          np.mean([r["per_query"][q] - dot[q] for q in sub]))
   for base in ("colbert", "dot"):
     family = [r for r in rows if r["row"] != base]
     assert all(f"vs_{base}" not in r for r in rows if r["row"] == base)
@@ -122,8 +134,9 @@ def test_rows_are_compared_with_colbert_and_dot_of_their_own_n_holm_per_baseline
 
 
 def test_each_row_recovers_a_fraction_of_the_finetuned_de_s_gain_at_its_own_n():
-  """(row - dot) / (de_ft - dot) on the mean test measure, per n; undefined at an n where the
-  fine-tuned DE did not gain over dot."""
+  """(row - dot) / (de_ft - dot) on the mean test measure, per n, over all test queries and over
+  that n's unseen-answer ones; undefined at an n where the fine-tuned DE did not gain over
+  dot."""
   rng = np.random.default_rng(5)
   qids = [f"q{i}" for i in range(12)]
   shifts = {5: (("dot", 0.0), ("colbert", 0.1), ("colbert_ft", 0.15), ("de_ft", 0.2)),
@@ -138,18 +151,23 @@ def test_each_row_recovers_a_fraction_of_the_finetuned_de_s_gain_at_its_own_n():
       "seed": 0, "stats": blocks.stats_config(), "eval": {"measures": ("ndcg@10", "mrr@10")},
       "models": {"colbert_ft": {"finetune": {}}, "de_ft": {"finetune": {}}}})
   config.stats.resamples = 200
-  li_rows.compare_rows(rows, config)
-  at = {(r["row"], r["n_train"]): r["metrics"]["ndcg@10"] for r in rows}
+  unseen = {5: qids[2:], 30: qids[:7]}
+  li_rows.compare_rows(rows, config, unseen)
+  at = {(r["row"], r["n_train"]): r for r in rows}
   for r in rows:
-    n = r["n_train"]
-    gain = at["de_ft", n] - at["dot", n]
-    assert (gain > 0) == (n == 5)
-    want = (at[r["row"], n] - at["dot", n]) / gain if gain > 0 else None
-    assert r["recovered"] == {"all": pytest.approx(want)}, (r["row"], n)
+    n, want = r["n_train"], {}
+    for view, of in (("all", lambda x: x["metrics"]["ndcg@10"]),
+                     ("unseen", lambda x: np.mean([x["per_query"][q] for q in unseen[n]]))):
+      gain = of(at["de_ft", n]) - of(at["dot", n])
+      want[view] = (of(r) - of(at["dot", n])) / gain if gain > 0 else None
+    assert (want["all"] is not None) == (n == 5)
+    assert r["recovered"] == {k: pytest.approx(v) for k, v in want.items()}, (r["row"], n)
+  assert at["colbert", 5]["recovered"]["all"] != pytest.approx(
+      at["colbert", 5]["recovered"]["unseen"])  # the two views differ: neither copies the other
   # without a de_ft row, no row carries the fraction
   bare = [{k: v for k, v in r.items() if k.startswith(("row", "n_", "per", "met"))}
           for r in rows if r["row"] != "de_ft"]
-  li_rows.compare_rows(bare, config)
+  li_rows.compare_rows(bare, config, unseen)
   assert all("recovered" not in r for r in bare)
 
 

@@ -3,7 +3,8 @@
 A model of `config.models` with a "finetune" entry (`models.is_finetuned`) is one: DE (scorer
 "dot": the pooled vectors' dot product, paper 002's fine-tuned dual encoder), ME-BERT (m = 8,
 paper 002), ColBERT with a trained projection and separable LITE (paper 004's main setting).
-The encoder (both sides, two_tower) and the scorer's params train together (`train.finetune.fit`
+The encoder (both sides, two_tower; or, for DE, the query side only, query_tower: the
+index never changes) and the scorer's params train together (`train.finetune.fit`
 with the row's block, `models.row_finetune`: the head "dot" or the row's scorer) on the training
 split's pairs and hard negatives, by the mnrl softmax. Every `eval_every` steps the dev
 candidates are re-ranked (step 0, the frozen encoder with the scorer's initial params, a
@@ -88,7 +89,8 @@ def features_of(setting: Setting, config, tokens: bool, encoder: Encoder) -> Fea
 
 def finetune_data(setting: Setting, config, feats: Features, cfg) -> finetune.FinetuneData:
   """The training split's query tokens, pairs and hard-negative pool (`config.train`'s
-  `hard_depth` and `negatives_from`) and every doc's tokens (two_tower)."""
+  `hard_depth` and `negatives_from`), and every doc's tokens (two_tower) or the frozen pooled
+  doc vectors [N, n] (query_tower: the setting's cached ones)."""
   coll, train = setting.prepared.collection, setting.splitset.train
   trainset, _ = pipeline.trainset(setting.prepared, train,
                                   int(config.train.hard_depth) if cfg.hard_negatives else 0,
@@ -99,17 +101,20 @@ def finetune_data(setting: Setting, config, feats: Features, cfg) -> finetune.Fi
                                 pq),
       trainset=trainset, pooling=str(feats.settings["pooling"]),
       normalize=bool(feats.settings["normalize"]),
-      docs=finetuning.tokens(feats.encoder, coll.doc_strings(), ld, pd))
+      doc_vectors=setting.prepared.embeddings.docs if cfg.mode == "query_tower" else None,
+      docs=None if cfg.mode == "query_tower" else finetuning.tokens(
+          feats.encoder, coll.doc_strings(), ld, pd))
 
 
 def ranker(setting: Setting, feats: Features, head_params: Callable[[dict], Any]
            ) -> Callable[..., tuple[Any, ...]]:
   """`get(params, doc_rows, known=None)` -> (query features of query rows (a function), doc
   features, doc rows or None, seconds spent encoding docs, scorer params, the doc side's weights
-  hash): the setting's frozen features (all N docs) where both sides of `params` (a
-  fine-tune's) are the frozen encoder's, else the `doc_rows` [U] docs encoded again ([U, ...]).
-  `known`: (weights hash, rows [V], features [V, ...]) of docs already encoded: with the same
-  hash, only the docs of `doc_rows` not among them are encoded."""
+  hash). Each side of `params` (a fine-tune's) that is the frozen encoder's reads the setting's
+  frozen features (all N docs: step 0, and the doc side of a query_tower fine-tune: no doc is
+  encoded again); a tuned query side encodes the queries, a tuned doc side the `doc_rows` [U]
+  docs ([U, ...]). `known`: (weights hash, rows [V], features [V, ...]) of docs already encoded:
+  with the same hash, only the docs of `doc_rows` not among them are encoded."""
   frozen = files.tree_sha256(feats.encoder.params)
   coll, query_ids = setting.prepared.collection, setting.prepared.embeddings.query_ids
   docs = coll.doc_strings()
@@ -117,9 +122,13 @@ def ranker(setting: Setting, feats: Features, head_params: Callable[[dict], Any]
   def get(params: dict, doc_rows: np.ndarray, known: tuple | None = None) -> tuple[Any, ...]:
     sides = [finetune.side_params(params, side, feats.encoder) for side in finetune.SIDES]
     keys = [files.tree_sha256(p) for p in sides]
-    if keys == [frozen, frozen]:
-      q_feats, d_feats = ((setting.token_queries, setting.token_docs) if feats.tokens else
-                          (setting.pooled_queries, setting.prepared.embeddings.docs))
+    if keys[0] == frozen:
+      q_feats = setting.token_queries if feats.tokens else setting.pooled_queries
+    else:
+      q_feats = lambda rows: feats.encode(sides[0], [coll.queries[query_ids[r]] for r in rows],
+                                          0)
+    if keys[1] == frozen:
+      d_feats = setting.token_docs if feats.tokens else setting.prepared.embeddings.docs
       return q_feats, d_feats, None, 0.0, head_params(params), frozen
     reuse = known is not None and known[0] == keys[1] and known[2] is not None
     new = np.setdiff1d(doc_rows, known[1]) if reuse else doc_rows
@@ -133,7 +142,6 @@ def ranker(setting: Setting, feats: Features, head_params: Callable[[dict], Any]
       merge = lambda a, b: np.concatenate([a, b])[order][keep]
       d_feats = (tuple(map(merge, known[2], d_feats)) if feats.tokens
                  else merge(known[2], d_feats))
-    q_feats = lambda rows: feats.encode(sides[0], [coll.queries[query_ids[r]] for r in rows], 0)
     return q_feats, d_feats, doc_rows, seconds, head_params(params), keys[1]
 
   return get
@@ -151,7 +159,7 @@ def finetune_row(setting: Setting, config, name: str, lat: tuple, dtype, n_train
      (dev evaluations excluded), "reindex_seconds" encoding the "reindex_docs" candidate docs
      (every dev and test candidate and pool doc) with the chosen weights (the dev ones at their
      dev evaluation, the rest after training; 0 docs and 0 s when dev chose the frozen
-     encoder, whose cached features serve).
+     encoder, or in query_tower, where the cached doc features serve).
   """
   prepared = setting.prepared
   cfg = models.row_finetune(config, name)

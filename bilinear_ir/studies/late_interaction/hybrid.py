@@ -8,6 +8,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bilinear_ir.retrieval import hybrid as hybrid_lib
+from bilinear_ir.studies.late_interaction import teachers
 from bilinear_ir.studies.late_interaction.setting import Scored
 from bilinear_ir.studies.late_interaction.setting import Setting
 
@@ -33,12 +34,11 @@ def timed_call(setting: Setting, scored: Scored, lam: float, normalize: str, doc
                ) -> Callable[[], Any]:
   """The hybrid's latency call: the dense row's timed call, BM25 scores of the same `docs` [K]
   (doc rows of `latency.latency_inputs`) for the first test query, the fusion with `lam`."""
-  prepared = setting.prepared
-  q_row = setting.rows["test"][:1]
+  bm25 = teachers.bm25_call(setting, docs)
 
   def call():
     d = np.asarray(scored.latency_fn())[0][:len(docs)]
-    b = prepared.bm25_pair_scores(np.repeat(q_row, len(docs)), docs)
+    b = bm25()
     c = hybrid_lib.Candidates(np.sort(docs)[None], d[np.argsort(docs)][None].astype(np.float64),
                               b[np.argsort(docs)][None])
     return hybrid_lib.rank_candidates(c, lam, normalize)

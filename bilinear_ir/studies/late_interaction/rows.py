@@ -154,12 +154,14 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar,
   base = {"mode": "rerank", "encoder": "frozen", "collection": prepared.collection.name,
           "n_train": int(n_train)}
 
-  def add(label: str, scorer: str, scored: Scored, **extra) -> None:
-    n_vec, width = scored.stored
+  def add(label: str, scorer: str, scored: Scored, bytes_per_doc: int | None = None,
+          **extra) -> None:
+    stored = None if scored.stored is None else list(scored.stored)
+    if bytes_per_doc is None:
+      bytes_per_doc = multivector.bytes_per_doc(*stored, dtype)
     rows.append({"row": label, "scorer": scorer, **base, "metrics": scored.test["mean"],
                  "dev": scored.dev, "per_query": per_query(scored.test, measures[0]),
-                 "bytes_per_doc": multivector.bytes_per_doc(n_vec, width, dtype),
-                 "stored": [n_vec, width], **extra})
+                 "bytes_per_doc": bytes_per_doc, "stored": stored, **extra})
     dense[label] = scored
     bar.write(row_line(rows[-1], measures[0], sel))
     bar.update(1)
@@ -190,6 +192,10 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar,
       fn, n_vec, width = timing.de_case(q, qm, prepared.embeddings.docs[docs], dtype)
       add("dot", "dot", setting.score(dot, {}, setting.pooled_queries, prepared.embeddings.docs,
                                       fn, (n_vec, width)), trained=False, loss=None, teacher=None)
+    elif name == "bm25":
+      add("bm25", "bm25", li_teachers.bm25_scored(setting, lat[4]),
+          bytes_per_doc=li_teachers.bm25_bytes_per_doc(prepared), trained=False, loss=None,
+          teacher=None)
     elif models.is_finetuned(config, name):
       scored, info = finetuned.finetune_row(setting, config, name, lat, dtype, n_train, workdir)
       add(name, info.pop("scorer"), scored, encoder="fine-tuned",
@@ -228,7 +234,8 @@ def _hybrid_row(setting: Setting, config, rows: list[dict[str, Any]],
   (`evaluate.HybridEvaluator`; with `pools`, the test mean holds "p_at_1_pool": the same fusion
   over each test query's own pool): (the row, its timed call: `hybrid.timed_call`)."""
   sel, cfg, prepared = config.train.select_metric, config.hybrid, setting.prepared
-  best = rows_lib.best_on_dev(rows, lambda r: r["dev"].get(sel))
+  best = rows_lib.best_on_dev([r for r in rows if r["scorer"] != "bm25"],
+                              lambda r: r["dev"].get(sel))
   scored = dense[best["row"]]
   lam, res = evaluate.HybridEvaluator(setting.split("dev"), prepared.collection.doc_ids, cfg,
                                       setting.measures)(
@@ -238,7 +245,7 @@ def _hybrid_row(setting: Setting, config, rows: list[dict[str, Any]],
     test["mean"]["p_at_1_pool"] = evaluate.PoolEvaluator(
         prepared, setting.split("test"), setting.pools)(
             lam, cfg.normalize, pool_scores=scored.pool)["mean"]
-  bm25_bytes = int(round(prepared.bm25.doc_vectors.nnz / prepared.collection.num_docs * 8))
+  bm25_bytes = li_teachers.bm25_bytes_per_doc(prepared)
   return {"row": f"hybrid ({best['row']} + BM25)", "scorer": "hybrid", "mode": "rerank",
           "encoder": "frozen", "collection": best["collection"], "n_train": best["n_train"],
           "metrics": test["mean"], "dev": res["dev"][0]["mean"],
@@ -250,20 +257,24 @@ def _hybrid_row(setting: Setting, config, rows: list[dict[str, Any]],
               setting, scored, lam, cfg.normalize, lat[4])
 
 
-def compare_rows(rows: list[dict[str, Any]], config) -> None:
+def compare_rows(rows: list[dict[str, Any]], config, unseen: dict[int, list[str]]) -> None:
   """`row["vs_colbert"]` and `row["vs_dot"]`: each row against the untrained ColBERT row and
   the dot row of the same n, `row["vs_table"]` against the "table" row where the table has
   one, and `row["vs_<name>"]` against each fine-tuned row (`models.is_finetuned`: so the
   fine-tuned rows are compared with each other too), paired over the test queries
   (`row["per_query"]`, `eval.stats.paired`); each baseline's comparisons, over every row and n
-  of the table, are one Holm family (`experiment.compare.against_baselines`). With a "de_ft"
-  row (the two-tower fine-tune of paper 002's DE), `row["recovered"]` = {"all": the fraction of
-  its gain over dot, in the first of `eval.measures`, that the row recovers at the same n}
-  (`compare.recovered`: the finetune job's column, here on the re-ranked candidates)."""
+  of the table, are one Holm family (`experiment.compare.against_baselines`). `row["unseen"]`:
+  the row over the test queries `unseen[n_train]` (the unseen-answer ones), against dot
+  (`compare.subset_view`). With a "de_ft" row (the two-tower fine-tune of paper 002's DE),
+  `row["recovered"]` = {"all", "unseen": the fraction of its gain over dot, in the first of
+  `eval.measures`, that the row recovers at the same n} (`compare.recovered`: the finetune
+  job's column, here on the re-ranked candidates)."""
   names = list(dict.fromkeys(r["row"] for r in rows))
   table = ("table",) if "table" in names else ()
   tuned = tuple(n for n in names if models.is_finetuned(config, n))
   compare.against_baselines(rows, [r["per_query"] for r in rows], ("n_train",), config,
                             name="row", baselines=("colbert", "dot") + table + tuned)
+  compare.subset_view(rows, [unseen[r["n_train"]] for r in rows], "unseen", ("n_train",), config,
+                      name="row")
   if models.DE_FT in names:
     compare.recovered(rows, models.DE_FT, config.eval.measures[0], ("n_train",), name="row")

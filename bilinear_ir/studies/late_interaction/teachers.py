@@ -2,9 +2,10 @@
 teachers of a late-interaction table."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections
+import numpy as np
 
 from bilinear_ir.experiment import evaluate
 from bilinear_ir.experiment import rows as rows_lib
@@ -12,6 +13,7 @@ from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.experiment import training
 from bilinear_ir.retrieval import ranking
 from bilinear_ir.studies.late_interaction.setting import SPLITS
+from bilinear_ir.studies.late_interaction.setting import Scored
 from bilinear_ir.studies.late_interaction.setting import Setting
 from bilinear_ir.train import teachers as teachers_lib
 
@@ -30,14 +32,8 @@ def teachers(setting: Setting, config: ml_collections.ConfigDict, workdir: str |
      distillation).
   """
   prepared = setting.prepared
-  refs = {"bm25": {"metrics": {}, "dev": {}}}
-  for split in SPLITS:
-    idx, scores = ranking.sort_candidates(setting.cands[split], setting.bm25[split])
-    refs["bm25"]["metrics" if split == "test" else "dev"] = setting.evaluate(split, idx,
-                                                                             scores)["mean"]
-  if setting.pools is not None:  # BM25 alone over each test query's own pool (lam = 0)
-    refs["bm25"]["metrics"]["p_at_1_pool"] = evaluate.PoolEvaluator(
-        prepared, setting.split("test"), setting.pools)(0.0)["mean"]
+  bm25 = bm25_scored(setting)
+  refs = {"bm25": {"metrics": bm25.test["mean"], "dev": bm25.dev}}
   out = {}
   distill = config.distill
   if distill.scorers and distill.losses:
@@ -59,3 +55,33 @@ def teachers(setting: Setting, config: ml_collections.ConfigDict, workdir: str |
     name = (distill.teacher if distill.teacher != "best" else
             rows_lib.best_on_dev(list(out), lambda t: refs[t]["dev"].get(sel)))
   return refs, out, name
+
+
+def bm25_scored(setting: Setting, docs: np.ndarray | None = None) -> Scored:
+  """BM25's own order of the dev and test candidates (their exact scores, `Setting.bm25`), as a
+  row's `Scored`: with pools, the test metric "p_at_1_pool" is BM25 alone over each test query's
+  own pool (`PoolEvaluator` at lam = 0); with `docs` [K] (doc rows, `latency.latency_inputs`),
+  its timed call (`bm25_call`). `stored` is None: BM25 keeps a sparse vector per doc
+  (`bm25_bytes_per_doc`)."""
+  run, metrics = {}, {}
+  for split in SPLITS:
+    run[split] = ranking.sort_candidates(setting.cands[split], setting.bm25[split])
+    metrics[split] = setting.evaluate(split, *run[split])
+  if setting.pools is not None:
+    metrics["test"]["mean"]["p_at_1_pool"] = evaluate.PoolEvaluator(
+        setting.prepared, setting.split("test"), setting.pools)(0.0)["mean"]
+  return Scored(run, metrics["dev"]["mean"], metrics["test"],
+                None if docs is None else bm25_call(setting, docs))
+
+
+def bm25_call(setting: Setting, docs: np.ndarray) -> Callable[[], np.ndarray]:
+  """BM25's latency call: the first test query's exact scores of the stored `docs` [K] -> [K]
+  (its sparse vector against theirs, `Prepared.bm25_pair_scores`)."""
+  q_rows = np.repeat(setting.rows["test"][:1], len(docs))
+  return lambda: setting.prepared.bm25_pair_scores(q_rows, docs)
+
+
+def bm25_bytes_per_doc(prepared) -> int:
+  """Bytes BM25 stores per doc: its sparse vector's nonzeros (an int32 term id and a float32
+  weight each), averaged over the corpus."""
+  return int(round(prepared.bm25.doc_vectors.nnz / prepared.collection.num_docs * 8))
