@@ -78,6 +78,8 @@ def markdown(results: dict[str, Any], config) -> str:
   out.append(text.markdown_table(
       table, ["row", "trained", "loss"] + measures + pool + ["vs ColBERT", "vs dot", "bytes/doc",
                                                             "ms 1q x 100d"], digits=4))
+  if any(r["row"] == models.DE_FT for r in results["rows"]):
+    out.append(_bought(results, config))
   if len(results["sizes"]) > 1:
     out.append(f"\n## {results['measure']} against n (vs ColBERT, Holm p)\n\n")
     names = list(dict.fromkeys(r["row"] for r in results["rows"]))
@@ -95,6 +97,49 @@ def markdown(results: dict[str, Any], config) -> str:
       ["dtype", "doc tokens L2'", "token dim P'", "bytes/doc", "vs DE"]))
   out.append("\n" + findings(results, config))
   return "".join(out)
+
+
+def _index(row: dict[str, Any], dot: dict[str, Any]) -> str:
+  """Whether a row changes the dot row's index: "re-encoded" (a two-tower fine-tune: the corpus
+  encoded again by the tuned weights), "unchanged" (it reads the stored pooled vectors as they
+  are: dot, the table similarity, a query-tower fine-tune) or "another store" (token vectors,
+  BM25's sparse ones, a hybrid's two)."""
+  if row.get("finetune", {}).get("mode") == "two_tower":
+    return "re-encoded"
+  same = row["bytes_per_doc"] == dot["bytes_per_doc"] and row["scorer"] in ("dot", "bilinear",
+                                                                           "lowrank", "wdp")
+  return "unchanged" if same else "another store"
+
+
+def _bought(results: dict[str, Any], config) -> str:
+  """What judged queries buy, in one protocol (these candidates): every row of the largest n
+  against dot on all test queries and on the unseen-answer ones (paired, Holm), the fraction
+  of the fine-tuned DE's (two-tower) gain it recovers, its training seconds and what it does to
+  the index, with the re-encode seconds, bytes per doc and latency."""
+  measure, alpha, top = results["measure"], config.stats.alpha, max(results["sizes"])
+  rows = [r for r in results["rows"] if r["n_train"] == top]
+  dot = next(r for r in rows if r["row"] == "dot")
+  table = []
+  for r in rows:
+    ft, unseen = r.get("finetune"), r["unseen"]
+    seconds = ft["seconds"] if ft else r.get("train_seconds")
+    reencode = ft["reindex_seconds"] if ft and ft["mode"] == "two_tower" else None
+    table.append([r["row"], f"fine-tuned ({ft['mode']})" if ft else "frozen",
+                  r["metrics"][measure], text.fmt_paired(r.get("vs_dot"), alpha),
+                  unseen["mean"], text.fmt_paired(unseen.get("vs_dot"), alpha, ci=False),
+                  text.fmt(r["recovered"]["all"], 2), text.fmt(r["recovered"]["unseen"], 2),
+                  text.fmt(seconds, 1), _index(r, dot), text.fmt(reencode, 1),
+                  f"{r['bytes_per_doc']:,}", f"{r['ms_1q_100d']:.2f}"])
+  return (f"\n## What judged queries buy, on these candidates (n = {top})\n\n"
+          f"{measure} on all {results['test_queries']} test queries and on the "
+          f"{dot['unseen']['n_queries']} unseen-answer ones (no gold doc judged for a training "
+          f"query), each against dot (paired, Holm); recovered: (row - dot) / ({models.DE_FT} - "
+          "dot), undefined (-) where the two-tower fine-tune did not gain. Re-encode: seconds "
+          "to encode the candidates' docs again with the chosen weights.\n\n"
+          + text.markdown_table(table, ["row", "encoder", measure, "vs dot", "unseen-answer",
+                                        "unseen vs dot", "recovered", "recovered unseen",
+                                        "training s", "index", "re-encode s", "bytes/doc",
+                                        "ms 1q x 100d"], digits=4))
 
 
 def findings(results: dict[str, Any], config) -> str:
@@ -154,7 +199,8 @@ def findings(results: dict[str, Any], config) -> str:
                                             config.stats.alpha)))
   if models.DE_FT in rows:  # the finetune job's "recovered" column, on these candidates
     de = rows[models.DE_FT]  # its own fraction is None where it did not gain (compare.recovered)
-    shares = ", ".join(f"{r['row']} {text.fmt(r['recovered']['all'], 2)}" for r in top
+    shares = ", ".join(f"{r['row']} {text.fmt(r['recovered']['all'], 2)} / "
+                       f"{text.fmt(r['recovered']['unseen'], 2)}" for r in top
                        if r["row"] not in ("dot", models.DE_FT))
     lines.append(say("recovered", measure=measure,
                      gain=de["metrics"][measure] - rows["dot"]["metrics"][measure],

@@ -11,18 +11,20 @@ import jax
 import numpy as np
 import pytest
 
+from bilinear_ir import files
 from bilinear_ir import main
 from bilinear_ir import scorers
 from bilinear_ir.encoders import hf_folder
 from bilinear_ir.errors import InputError
 from bilinear_ir.experiment import spec as spec_lib
 from bilinear_ir.jobs import late_interaction as job
+from bilinear_ir.report import text
 from bilinear_ir.studies.late_interaction import finetuned
 from bilinear_ir.studies.late_interaction import setting as setting_lib
 from conftest import get_config
 from conftest import write_beir
 
-FT_ROWS = ("de_ft", "colbert_ft", "lite_ft", "mebert_ft")
+FT_ROWS = ("de_ft", "colbert_ft", "lite_ft", "mebert_ft", "qt_ft")
 
 
 def tiny_config(tmp_path, tiny_bert_dir):
@@ -95,6 +97,17 @@ def test_candidates_encoded_again_by_the_frozen_weights_rank_as_the_cache(tmp_pa
   np.testing.assert_array_equal(d_mix[1], d_all[1])
   np.testing.assert_allclose(d_mix[0], d_all[0], atol=2e-3)
   assert np.abs(d_all[0].astype(np.float32) - setting.tokens.docs[every]).max() > 1e-2
+  # A query_tower fine-tune (DE): the doc side is the frozen encoder's, so the cached doc
+  # vectors serve as they are (the index never changes) and only the queries are encoded.
+  feats = finetuned.features_of(setting, c, False, encoder)
+  get = finetuned.ranker(setting, feats, lambda p: {})
+  q_fn, d, doc_rows, seconds, _, key = get({"query": tuned["shared"]}, every)
+  assert d is setting.prepared.embeddings.docs and doc_rows is None and seconds == 0.0
+  assert key == files.tree_sha256(encoder.params)
+  texts = [setting.prepared.collection.queries[setting.prepared.embeddings.query_ids[r]]
+           for r in q_rows]
+  np.testing.assert_array_equal(q_fn(q_rows), feats.encode(tuned["shared"], texts, 0))
+  assert np.abs(q_fn(q_rows) - setting.pooled_queries(q_rows)).max() > 1e-3
 
 
 @pytest.mark.usefixtures("one_device_training")
@@ -114,10 +127,12 @@ def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir):
     assert r["encoder"] == "fine-tuned" and r["trained"] and r["loss"] == "mnrl"
     assert set(r["finetune"]) == {"mode", "steps", "seconds", "device", "reindex_seconds"}
     ft = r["finetune"]
-    assert ft["mode"] == "two_tower" and ft["steps"] == 1 and ft["device"] == "8 x cpu"
-    assert ft["seconds"] > 0
-    # Every candidate doc encoded again with the chosen weights; none when dev chose step 0.
-    assert (ft["reindex_seconds"] > 0 and 0 < r["reindex_docs"] <= 60) != (r["best_step"] == 0)
+    assert ft["mode"] == ("query_tower" if name == "qt_ft" else "two_tower")
+    assert ft["steps"] == 1 and ft["device"] == "8 x cpu" and ft["seconds"] > 0
+    # Every candidate doc encoded again with the chosen weights; none when dev chose step 0,
+    # nor ever for the query tower (its docs are the frozen index).
+    assert (ft["reindex_seconds"] > 0 and 0 < r["reindex_docs"] <= 60) != (
+        r["best_step"] == 0 or name == "qt_ft")
     # Selected on dev every step, step 0 (the frozen encoder) a candidate: the row's dev value
     # is its history's best (the first best), and its test values come from those params.
     hist = [h["dev"] for h in r["history"]]
@@ -134,19 +149,40 @@ def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir):
         assert t["p_holm"] >= t["p_perm"]
     assert f"vs_{name}" not in r
   # Each row's fraction of the fine-tuned DE's gain over dot, by hand from the written
-  # per-query values; undefined where DE did not gain (a 1-step tiny run may not).
-  mean = {name: np.mean(list(r["per_query"].values())) for name, r in by.items()}
-  gain = mean["de_ft"] - mean["dot"]
-  for name, r in by.items():
-    assert set(r["recovered"]) == {"all"}  # no unseen view in this job
-    want = (mean[name] - mean["dot"]) / gain if gain > 0 else None
-    assert r["recovered"]["all"] == pytest.approx(want), name
+  # per-query values, over all test queries and over the unseen-answer ones (no gold doc of a
+  # training query); undefined where DE did not gain (a 1-step tiny run may not).
+  unseen = res["unseen_queries"]["18"]
+  assert 0 < len(unseen) < res["test_queries"]
+  for view, queries in (("all", list(dot["per_query"])), ("unseen", unseen)):
+    mean = {name: np.mean([r["per_query"][q] for q in queries]) for name, r in by.items()}
+    gain = mean["de_ft"] - mean["dot"]
+    for name, r in by.items():
+      assert set(r["recovered"]) == {"all", "unseen"}
+      want = (mean[name] - mean["dot"]) / gain if gain > 0 else None
+      assert r["recovered"][view] == pytest.approx(want), (name, view)
+      if view == "unseen":
+        assert r["unseen"]["mean"] == pytest.approx(mean[name])
+  gain = by["de_ft"]["metrics"]["ndcg@10"] - dot["metrics"]["ndcg@10"]
   assert ("fine-tuned DE's gain" in md) and (("did not gain" in md) == (gain <= 0))
-  # Step 0 of DE is the frozen dual encoder: the dot row's dev value, on the same candidates.
-  assert by["de_ft"]["history"][0]["dev"] == dot["dev"]["ndcg@10"]
-  assert by["de_ft"]["bytes_per_doc"] == dot["bytes_per_doc"]
+  # Step 0 of DE (and of its query tower) is the frozen dual encoder: the dot row's dev value,
+  # on the same candidates.
+  for name in ("de_ft", "qt_ft"):
+    assert by[name]["history"][0]["dev"] == dot["dev"]["ndcg@10"]
+    assert by[name]["bytes_per_doc"] == dot["bytes_per_doc"]
+  assert by["qt_ft"]["finetune"]["reindex_seconds"] == 0 and by["qt_ft"]["reindex_docs"] == 0
   assert by["colbert_ft"]["stored"] == [16, 8] and by["mebert_ft"]["stored"] == [8, 8]
   assert all(f"| {name} |" in md for name in FT_ROWS)
+  # One table of what judged queries buy: the two-tower rows re-encode, the query tower and
+  # dot keep the index, the token rows store their own.
+  bought = md.split("## What judged queries buy")[1].split("\n## ")[0]
+  cells = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in bought.splitlines()
+           if line.startswith("| ") and not line.startswith("| row ")}
+  assert set(cells) == set(by)
+  assert cells["qt_ft"][1] == "fine-tuned (query_tower)" and cells["qt_ft"][9] == "unchanged"
+  assert cells["dot"][9] == "unchanged" and cells["colbert"][9] == "another store"
+  assert cells["de_ft"][9] == "re-encoded" and cells["colbert_ft"][1] == "fine-tuned (two_tower)"
+  for name in by:
+    assert cells[name][6:8] == [text.fmt(by[name]["recovered"][v], 2) for v in ("all", "unseen")]
   runs = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "w" / "runs").iterdir())
   assert runs == sorted(f"{name}-n18" for name in FT_ROWS)
 
