@@ -99,15 +99,17 @@ def markdown(results: dict[str, Any], config) -> str:
   return "".join(out)
 
 
-def _index(row: dict[str, Any], dot: dict[str, Any]) -> str:
+def _index(row: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> str:
   """Whether a row changes the dot row's index: "re-encoded" (a two-tower fine-tune: the corpus
   encoded again by the tuned weights), "unchanged" (it reads the stored pooled vectors as they
-  are: dot, the table similarity, a query-tower fine-tune) or "another store" (token vectors,
-  BM25's sparse ones, a hybrid's two)."""
+  are: dot, the table similarity, a query-tower fine-tune), "another store" (token vectors,
+  BM25's sparse ones); a hybrid: its dense row's, "+ BM25"."""
+  if row.get("dense") in by_name:
+    return _index(by_name[row["dense"]], by_name) + " + BM25"
   if row.get("finetune", {}).get("mode") == "two_tower":
     return "re-encoded"
-  same = row["bytes_per_doc"] == dot["bytes_per_doc"] and row["scorer"] in ("dot", "bilinear",
-                                                                           "lowrank", "wdp")
+  same = row["bytes_per_doc"] == by_name["dot"]["bytes_per_doc"] and row["scorer"] in (
+      "dot", "bilinear", "lowrank", "wdp")
   return "unchanged" if same else "another store"
 
 
@@ -118,7 +120,8 @@ def _bought(results: dict[str, Any], config) -> str:
   the index, with the re-encode seconds, bytes per doc and latency."""
   measure, alpha, top = results["measure"], config.stats.alpha, max(results["sizes"])
   rows = [r for r in results["rows"] if r["n_train"] == top]
-  dot = next(r for r in rows if r["row"] == "dot")
+  by_name = {r["row"]: r for r in rows}
+  dot = by_name["dot"]
   table = []
   for r in rows:
     ft, unseen = r.get("finetune"), r["unseen"]
@@ -128,7 +131,7 @@ def _bought(results: dict[str, Any], config) -> str:
                   r["metrics"][measure], text.fmt_paired(r.get("vs_dot"), alpha),
                   unseen["mean"], text.fmt_paired(unseen.get("vs_dot"), alpha, ci=False),
                   text.fmt(r["recovered"]["all"], 2), text.fmt(r["recovered"]["unseen"], 2),
-                  text.fmt(seconds, 1), _index(r, dot), text.fmt(reencode, 1),
+                  text.fmt(seconds, 1), _index(r, by_name), text.fmt(reencode, 1),
                   f"{r['bytes_per_doc']:,}", f"{r['ms_1q_100d']:.2f}"])
   return (f"\n## What judged queries buy, on these candidates (n = {top})\n\n"
           f"{measure} on all {results['test_queries']} test queries and on the "

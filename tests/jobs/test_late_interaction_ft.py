@@ -181,6 +181,8 @@ def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir):
   assert cells["qt_ft"][1] == "fine-tuned (query_tower)" and cells["qt_ft"][9] == "unchanged"
   assert cells["dot"][9] == "unchanged" and cells["colbert"][9] == "another store"
   assert cells["de_ft"][9] == "re-encoded" and cells["colbert_ft"][1] == "fine-tuned (two_tower)"
+  hybrid = next(r for r in by.values() if r["scorer"] == "hybrid")
+  assert cells[hybrid["row"]][9] == cells[hybrid["dense"]][9] + " + BM25"
   for name in by:
     assert cells[name][6:8] == [text.fmt(by[name]["recovered"][v], 2) for v in ("all", "unseen")]
   runs = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "w" / "runs").iterdir())
