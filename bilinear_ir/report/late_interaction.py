@@ -101,16 +101,14 @@ def markdown(results: dict[str, Any], config) -> str:
 
 def _index(row: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> str:
   """Whether a row changes the dot row's index: "re-encoded" (a two-tower fine-tune: the corpus
-  encoded again by the tuned weights), "unchanged" (it reads the stored pooled vectors as they
-  are: dot, the table similarity, a query-tower fine-tune), "another store" (token vectors,
-  BM25's sparse ones); a hybrid: its dense row's, "+ BM25"."""
+  encoded again by the tuned weights), "unchanged" (it stores what dot stores and reads it as it
+  is: the table similarity, a query-tower fine-tune), "another store" (token vectors, BM25's
+  sparse ones); a hybrid: its dense row's, "+ BM25"."""
   if row.get("dense") in by_name:
     return _index(by_name[row["dense"]], by_name) + " + BM25"
   if row.get("finetune", {}).get("mode") == "two_tower":
     return "re-encoded"
-  same = row["bytes_per_doc"] == by_name["dot"]["bytes_per_doc"] and row["scorer"] in (
-      "dot", "bilinear", "lowrank", "wdp")
-  return "unchanged" if same else "another store"
+  return "unchanged" if row["stored"] == by_name["dot"]["stored"] else "another store"
 
 
 def _bought(results: dict[str, Any], config) -> str:

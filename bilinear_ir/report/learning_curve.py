@@ -83,7 +83,8 @@ def _recovered_table(rows: list[dict[str, Any]], sizes: list[int], m0: str) -> s
   with finetunes=...+two_tower); "" when the rows have none."""
   if not any("recovered" in r for r in rows):
     return ""
-  models = [m for m in dict.fromkeys(r["model"] for r in rows) if m not in ("dot", finetuning.REFERENCE)]
+  models = [m for m in dict.fromkeys(r["model"] for r in rows)
+            if m not in ("dot", finetuning.REFERENCE)]
   table = []
   for n in sizes:
     at = {r["model"]: r["recovered"] for r in rows if r["n_train"] == n}

@@ -317,10 +317,12 @@ def test_the_bm25_row_ranks_the_candidates_by_their_exact_bm25_scores(tmp_path, 
   the order of their exact BM25 scores, so its top scores are the full-corpus BM25 top list's
   (the candidates hold it); its timed call scores the first test query's latency docs; it
   stores BM25's sparse vectors, which the hybrid adds to its dense row's."""
-  from bilinear_ir.experiment import spec as spec_lib  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.studies.late_interaction import latency  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.studies.late_interaction import setting as setting_lib  # pylint: disable=g-import-not-at-top
-  from bilinear_ir.studies.late_interaction import teachers  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from bilinear_ir.experiment import spec as spec_lib
+  from bilinear_ir.studies.late_interaction import latency
+  from bilinear_ir.studies.late_interaction import setting as setting_lib
+  from bilinear_ir.studies.late_interaction import teachers
+  # pylint: enable=g-import-not-at-top
   c = _tiny_config(tmp_path, tiny_bert_dir)
   c.rows, c.distill.scorers = ("dot", "colbert", "bm25", "hybrid"), ()
   setting = setting_lib.build_setting(c, spec_lib.collection_block(c.data, c.collection))

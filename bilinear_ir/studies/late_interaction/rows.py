@@ -184,7 +184,8 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar,
 
   # untrained (validate)
   colbert, colbert_info = one("colbert", models.row_train(config, "colbert"))
-  refs, teacher_by_name, teacher_name = li_teachers.teachers(setting, config, workdir)
+  bm25 = li_teachers.bm25_scored(setting, lat[4])  # the reference and the "bm25" row
+  refs, teacher_by_name, teacher_name = li_teachers.teachers(setting, config, bm25, workdir)
   for name in (r for r in config.rows if r != "hybrid"):
     if name == "dot":
       dot = scorers.build("dot", dim=prepared.embeddings.docs.shape[1])
@@ -193,8 +194,7 @@ def table_rows(setting: Setting, config, lat: tuple, dtype, n_train: int, bar,
       add("dot", "dot", setting.score(dot, {}, setting.pooled_queries, prepared.embeddings.docs,
                                       fn, (n_vec, width)), trained=False, loss=None, teacher=None)
     elif name == "bm25":
-      add("bm25", "bm25", li_teachers.bm25_scored(setting, lat[4]),
-          bytes_per_doc=li_teachers.bm25_bytes_per_doc(prepared), trained=False, loss=None,
+      add("bm25", "bm25", bm25, bytes_per_doc=li_teachers.bm25_bytes_per_doc(prepared), trained=False, loss=None,
           teacher=None)
     elif models.is_finetuned(config, name):
       scored, info = finetuned.finetune_row(setting, config, name, lat, dtype, n_train, workdir)

@@ -18,9 +18,11 @@ from bilinear_ir.studies.late_interaction.setting import Setting
 from bilinear_ir.train import teachers as teachers_lib
 
 
-def teachers(setting: Setting, config: ml_collections.ConfigDict, workdir: str | None = None
+def teachers(setting: Setting, config: ml_collections.ConfigDict, bm25: Scored,
+             workdir: str | None = None
              ) -> tuple[dict[str, dict[str, Any]], dict[str, teachers_lib.Teacher], str | None]:
-  """The references and distillation teachers: BM25's own order of the candidates, and, when
+  """The references and distillation teachers: BM25's own order of the candidates (`bm25`, its
+  `bm25_scored`, which the table's "bm25" row reports too), and, when
   `config.distill` distils, the table scorer `config.teacher` (model, train) trained on the
   pooled embeddings (`training.scorer_teacher`; it checkpoints in its own folder under
   `workdir`, `training.run_dir`).
@@ -32,7 +34,6 @@ def teachers(setting: Setting, config: ml_collections.ConfigDict, workdir: str |
      distillation).
   """
   prepared = setting.prepared
-  bm25 = bm25_scored(setting)
   refs = {"bm25": {"metrics": bm25.test["mean"], "dev": bm25.dev}}
   out = {}
   distill = config.distill
