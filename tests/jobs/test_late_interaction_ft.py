@@ -21,6 +21,7 @@ from bilinear_ir.jobs import late_interaction as job
 from bilinear_ir.report import text
 from bilinear_ir.studies.late_interaction import finetuned
 from bilinear_ir.studies.late_interaction import setting as setting_lib
+from bilinear_ir.train import finetune
 from conftest import get_config
 from conftest import write_beir
 
@@ -111,12 +112,18 @@ def test_candidates_encoded_again_by_the_frozen_weights_rank_as_the_cache(tmp_pa
 
 
 @pytest.mark.usefixtures("one_device_training")
-def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir):
+def test_job_runs_and_writes_the_finetuned_rows(tmp_path, tiny_bert_dir, monkeypatch):
   # Each row trains on one device (no claim here is about sharding: a step compiles in half
   # the time of the 8-device one); the row still names the process's devices.
   c = tiny_config(tmp_path, tiny_bert_dir)
   job.validate(c)
+  steps, make = [], finetune.make_train_step
+  monkeypatch.setattr(finetune, "make_train_step",
+                      lambda *a, **k: steps.append(make(*a, **k)) or steps[-1])
   main.run(c, str(tmp_path / "w"))
+  # Each row's compiled train step was let go once the row was done (kept, a row's executables
+  # stay resident for the rest of the process: GBs a row on InsuranceQA).
+  assert len(steps) == len(FT_ROWS) and all(s._cache_size() == 0 for s in steps)
   res = json.loads((tmp_path / "w" / "results.json").read_text())
   by = {r["row"]: r for r in res["rows"]}
   assert set(FT_ROWS) <= set(by)

@@ -201,6 +201,11 @@ def finetune_row(setting: Setting, config, name: str, lat: tuple, dtype, n_train
   else:
     fn, n_vec, width = latency.token_call(module, scorer, hp, lat, dtype)
   scored = setting.score(eval_module, hp, q, d, fn, (n_vec, width), doc_rows=rows)
+  # What jax compiled for this row (its train step at every batch shape, its re-ranking) serves
+  # no later row: each has its own head. Kept, it stays resident for the rest of the process:
+  # InsuranceQA's ten-row table reached 21 GB and failed to compile its eighth row on a 23 GB
+  # host. Whatever a later call needs compiles again (the latency call before its warm-up).
+  jax.clear_caches()
   history = [{**h, "loss": None if np.isnan(h["loss"]) else h["loss"]} for h in result.history]
   return scored, {
       "scorer": scorer, "trained": True, "best_step": result.best_step, "history": history,
