@@ -234,8 +234,8 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
 
   Returns:
     {"metrics": test means, "per_query": ..., "dev": best dev metrics, "history", "best_step",
-     "mode", "params", "module", "run", "temperature", "train_source", "negatives_from",
-     "ict_pairs",
+     "train_seconds" (`trainer.FitResult.seconds`; 0.0 untrained), "mode", "params", "module",
+     "run", "temperature", "train_source", "negatives_from", "ict_pairs",
      "ict_guard": None, or {"lam": the blend weight, "agreement": {str(lam): agreement}}}.
   """
   emb = prepared.embeddings
@@ -283,8 +283,9 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
                          aux_loss=aux_loss, progress=progress, mine=mine)
     params, history, best_step, temperature = (result.params, result.history, result.best_step,
                                                result.temperature)
+    train_seconds = result.seconds
   else:
-    history, best_step, temperature = [], 0, None
+    history, best_step, temperature, train_seconds = [], 0, None, 0.0
   guard = None
   if (data is not None and data.source == "ict" and tcfg.ict.get("guard", "none") == "bm25"
       and blends_with_dot(module)):
@@ -296,7 +297,8 @@ def train_and_evaluate(row: spec.Row, prepared: pipeline.Prepared,
   dev = on_dev(params) if on_dev is not None else {}
   metrics, run = evaluate_on(splitset.test, params, tuple(ecfg.measures), ecfg.depth)
   return {"metrics": metrics["mean"], "per_query": metrics["per_query"], "dev": dev,
-          "history": history, "best_step": best_step, "mode": ecfg.mode, "params": params,
+          "history": history, "best_step": best_step, "train_seconds": train_seconds,
+          "mode": ecfg.mode, "params": params,
           "run": run, "temperature": temperature, "module": module,
           "train_source": tcfg.get("source", "qrels"),
           "negatives_from": tcfg.get("negatives_from", "bm25"),

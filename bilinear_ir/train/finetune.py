@@ -117,8 +117,9 @@ class FinetuneResult:
       without `evaluate`. {"query"} | {"shared"} | {"query", "doc"} -> encoder params.
     best_step: the step of `params`.
     history: [{"step", "loss", "dev"}] at each evaluation ("loss": the last step's; NaN at 0).
-    seconds: wall time of the training steps and checkpoints, dev evaluations excluded, summed
-      over the runs of a resumed fine-tune.
+    seconds: wall time of the training steps (and checkpoints but the last), dev evaluations
+      excluded, summed over every process that trained this fine-tune: the checkpoint's record
+      keeps it, so a fine-tune restored finished reports the seconds of the one that trained it.
     steps: the last step run.
   """
   params: Any
@@ -413,6 +414,8 @@ def fit(encoder: Encoder, data: FinetuneData, cfg: ml_collections.ConfigDict, se
     step += 1
     if step % cfg.eval_every == 0 or step == cfg.steps:
       evaluate_now(step, float(metrics["loss"]))
+    if step == cfg.steps or (stop_after is not None and step >= stop_after):
+      jax.block_until_ready(state)  # the last step counted before its checkpoint
     record["step"] = step
     record["seconds"] = seconds0 + time.time() - started - eval_seconds
     if ckpt is not None:
@@ -421,11 +424,9 @@ def fit(encoder: Encoder, data: FinetuneData, cfg: ml_collections.ConfigDict, se
       break
   if ckpt is not None:
     ckpt.close()
-  jax.block_until_ready(state)
-  seconds = seconds0 + time.time() - started - eval_seconds
   return FinetuneResult(params=best["params"] if evaluate is not None else state["params"],
                         best_step=int(record["best_step"]) if evaluate is not None else step,
-                        history=record["history"], seconds=seconds, steps=step)
+                        history=record["history"], seconds=record["seconds"], steps=step)
 
 
 def tuned_encoder(encoder: Encoder, params: Any) -> Encoder:

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import functools
 import os
+import time
 from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
@@ -209,6 +210,9 @@ class FitResult:
     temperature: the softmax temperature used.
     skipped_steps: steps whose update the optimiser skipped for a non-finite gradient
       (`make_optimizer`); where it equals the steps run, the params never moved.
+    seconds: wall time of the training steps (and checkpoints but the last), dev evaluations
+      excluded, summed over every process that trained this run: the checkpoint's record keeps
+      it, so a run restored finished reports the seconds of the one that trained it.
   """
   params: Any
   last_params: Any
@@ -216,6 +220,7 @@ class FitResult:
   best_step: int
   temperature: float
   skipped_steps: int = 0
+  seconds: float = 0.0
 
 
 def _score_std(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, seed: int) -> float:
@@ -344,7 +349,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   state = jax.device_put({"params": jax.tree.map(jnp.copy, params0),
                           "opt_state": tx.init(params0), "step": jnp.zeros((), jnp.int32)}, repl)
   best = {"params": params0}
-  record = {"step": 0, "best_step": 0, "best_metric": None, "history": []}
+  record = {"step": 0, "best_step": 0, "best_metric": None, "history": [], "seconds": 0.0}
   ckpt = None
   # What a checkpoint holds: the mined pool too (the one sampled from until the next refresh).
   saved = lambda: {"state": state, "best": best, **(
@@ -358,11 +363,15 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
       if mined:
         trainset.hard_negatives = np.asarray(tree["pool"], np.int64)
   writer = _writer(log_dir)
+  started, eval_seconds = time.perf_counter(), 0.0
 
   def evaluate_now(step, loss_value):
+    nonlocal eval_seconds
     entry = {"step": step, "loss": loss_value}
     if evaluate is not None:
+      t = time.perf_counter()
       metrics = evaluate(state["params"])
+      eval_seconds += time.perf_counter() - t
       entry.update(metrics)
       value = metrics[cfg.select_metric]
       if record["best_metric"] is None or value > record["best_metric"]:
@@ -374,6 +383,7 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     record["history"].append(entry)
 
   start = int(record["step"])
+  seconds0 = record["seconds"] = float(record.get("seconds", 0.0))
   if start == 0 and evaluate is not None and not record["history"]:
     evaluate_now(0, float("nan"))
   bar = _progress(total, start, progress)
@@ -404,7 +414,10 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
     step = done = end
     if done % cfg.eval_every == 0 or done == total:
       evaluate_now(done, float(stats["loss"][-1]))
+    if done == total or (stop_after is not None and done >= stop_after):
+      jax.block_until_ready(state)  # the last call's steps counted before its checkpoint
     record["step"] = done
+    record["seconds"] = seconds0 + time.perf_counter() - started - eval_seconds
     if ckpt is not None:
       ckpt.maybe_save(done, saved(), record, force=done == total)
     if stop_after is not None and done >= stop_after:
@@ -419,7 +432,8 @@ def fit(module: nn.Module, params: Any, q_feats: Any, d_feats: Any, trainset: Tr
   return FitResult(params=selected, last_params=state["params"], history=record["history"],
                    best_step=int(record["best_step"]) if evaluate is not None else total,
                    temperature=temperature,
-                   skipped_steps=int(state["opt_state"].total_notfinite))
+                   skipped_steps=int(state["opt_state"].total_notfinite),
+                   seconds=record["seconds"])
 
 
 def mined_pool(mine: Callable[[Any, int], np.ndarray], params: Any, trainset: TrainSet,

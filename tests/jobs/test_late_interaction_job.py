@@ -379,6 +379,12 @@ def test_table_row_at_w_equal_identity_is_the_dot_row_and_a_baseline(tmp_path, t
       f.startswith("table-bilinear-n18") for f in os.listdir(tmp_path / "w" / "runs"))
   md = job_report.markdown(res, c)
   assert "| table (bilinear) |" in md and "against the table similarity (bilinear" in md
+  # The same command again resumes every trained row from its finished checkpoint: each reports
+  # the seconds its training took, not those of its restore.
+  seconds = lambda out: {r["row"]: r["train_seconds"] for r in out["rows"] if "train_seconds" in r}
+  again = job.run(c, str(tmp_path / "w")).results
+  assert set(seconds(res)) == {"table", "lite"} and seconds(res)["table"] > 0
+  assert seconds(again) == seconds(res)
 
 
 def test_curve_plot_draws_each_trained_row_s_own_model_per_n():

@@ -216,6 +216,10 @@ def test_killed_fit_resumes_to_the_same_numbers(setup, tmp_path):
   assert resumed.best_step == whole.best_step and resumed.steps == 6
   jax.tree.map(np.testing.assert_array_equal, resumed.params, whole.params)
   assert resumed.seconds > 0
+  # Restored finished, it trains nothing more and reports the seconds of the runs that trained.
+  again = finetune.fit(encoder, tt, cfg, seed=5, checkpoint_dir=str(tmp_path), mesh=one_device(),
+                       evaluate=dev_metric(encoder, tt))
+  assert again.seconds == resumed.seconds and again.steps == 6
 
 
 def test_query_tower_leaves_the_doc_side_frozen(setup, monkeypatch):

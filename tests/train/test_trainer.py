@@ -80,15 +80,19 @@ def test_resume_from_checkpoint_equals_uninterrupted(tmp_path):
   full = trainer.fit(module, params, qs, docs, ts, _cfg(steps=60, eval_every=20), seed=3,
                      evaluate=ev, progress=False)
   ckpt = str(tmp_path / "ckpt")
-  trainer.fit(module, params, qs, docs, ts, _cfg(steps=60, eval_every=20, checkpoint_every=20),
-              seed=3, evaluate=ev, checkpoint_dir=ckpt, progress=False, stop_after=40)
-  resumed = trainer.fit(module, params, qs, docs, ts,
-                        _cfg(steps=60, eval_every=20, checkpoint_every=20), seed=3, evaluate=ev,
-                        checkpoint_dir=ckpt, progress=False)
+  resume = lambda **kw: trainer.fit(
+      module, params, qs, docs, ts, _cfg(steps=60, eval_every=20, checkpoint_every=20), seed=3,
+      evaluate=ev, checkpoint_dir=ckpt, progress=False, **kw)
+  killed = resume(stop_after=40)
+  resumed = resume()
   for a, b in zip(jax.tree.leaves(full.last_params), jax.tree.leaves(resumed.last_params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
   assert [h["step"] for h in resumed.history] == [h["step"] for h in full.history]
   assert resumed.best_step == full.best_step
+  # Training seconds add up over the processes; a run restored finished trains nothing more
+  # (before, a resumed row reported the seconds of its restore and evaluation).
+  assert 0 < killed.seconds < resumed.seconds
+  assert resume().seconds == resumed.seconds
 
 
 @pytest.mark.parametrize("negatives_from", ["bm25", "corpus"])
